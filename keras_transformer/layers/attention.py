@@ -1,0 +1,315 @@
+"""Multi-head attention (paper, section 3.2.2)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_transformer import ops as kt_ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, `Concat(head_1, ..., head_h) W^O` (paper, section 3.2.2).
+
+    `head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)` with scaled dot-product attention
+    (eq. 1). The per-head projections of all `h` heads are held in one
+    `keras.layers.Dense` per role: `query_dense` and `key_dense` with kernels
+    `(d_model, h * d_k)`, `value_dense` with `(d_model, h * d_v)` and `output_dense`
+    with `(h * d_v, d_model)`.
+
+    The same layer serves the three uses in the paper (section 3.2.3): encoder
+    self-attention (`query` = `value`), encoder-decoder attention (queries from the
+    decoder, keys and values from the encoder output) and masked decoder
+    self-attention (`use_causal_mask=True`).
+
+    Symbols: `num_heads` = h, `key_dim` = d_k, `value_dim` = d_v, the width of `query`
+    = d_model.
+
+    Args:
+        num_heads: Number of heads h.
+        key_dim: Size d_k of each query/key head. Defaults to `d_model // num_heads`
+            (the paper's choice, so total cost matches single-head attention).
+        value_dim: Size d_v of each value head. Defaults to `key_dim`.
+        dropout: Dropout rate on the attention weights. The paper applies dropout
+            only to sub-layer outputs; this is an extra regulariser. Defaults to `0.0`.
+        use_bias: Whether the four projections have biases. Defaults to `True`.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, T_q, d_model)`.
+        value: `(B, T_k, d_model)`. For self-attention pass the same tensor as `query`.
+        key: `(B, T_k, d_model)`. Defaults to `value`.
+        attention_mask: Boolean mask, `True` = may attend, shape `(B, T_q, T_k)` or
+            `(B, h, T_q, T_k)`. Defaults to `None`.
+        query_mask: Boolean `(B, T_q)` padding mask of the queries. Defaults to `None`.
+        value_mask: Boolean `(B, T_k)` padding mask of the keys and values. Defaults to
+            `None`.
+        use_causal_mask: Forbid attending to later positions (decoder self-attention).
+            Defaults to `False`.
+        cache: Optional `(key_cache, value_cache)`, each `(B, max_length, h, d_k)`.
+            With `cache_index`, the keys and values of the `T_q` new positions are
+            written into the cache at `cache_index` and the queries attend over the
+            filled part of it (incremental decoding). Without `cache_index` the cache
+            holds precomputed keys and values (see `compute_key_value`), e.g. the
+            projected encoder output during decoding, and `value` is not projected.
+        cache_index: Position of the first query inside the cache (int or scalar
+            tensor). Defaults to `None`.
+        return_attention_scores: Also return the attention weights. Defaults to
+            `False`.
+        training: Whether dropout is active.
+
+    Returns:
+        `(B, T_q, d_model)`; then, if requested, the weights `(B, h, T_q, T_k)`; then,
+        if `cache` was given, the (updated) cache. Several results come as a tuple.
+
+    Example:
+
+    >>> import numpy as np
+    >>> mha = MultiHeadAttention(num_heads=2)
+    >>> x = np.random.default_rng(0).normal(size=(3, 5, 8)).astype("float32")
+    >>> out, weights = mha(x, x, use_causal_mask=True, return_attention_scores=True)
+    >>> tuple(out.shape), tuple(weights.shape)
+    ((3, 5, 8), (3, 2, 5, 5))
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017,
+        https://arxiv.org/abs/1706.03762
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(
+                f"Layer '{self.name}': `num_heads` must be a positive integer. "
+                f"Received: num_heads={num_heads!r}"
+            )
+        for arg, val in (("key_dim", key_dim), ("value_dim", value_dim)):
+            if val is not None and (not isinstance(val, int) or val < 1):
+                raise ValueError(
+                    f"Layer '{self.name}': `{arg}` must be a positive integer or None. "
+                    f"Received: {arg}={val!r}"
+                )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(
+                f"Layer '{self.name}': `dropout` must be in [0, 1). "
+                f"Received: dropout={dropout!r}"
+            )
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.seed_generator = keras.random.SeedGenerator() if dropout > 0 else None
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        query_shape = tuple(query_shape)
+        value_shape = tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if len(shape) != 3:
+                raise ValueError(
+                    f"Layer '{self.name}': `{arg}` must have rank 3, "
+                    f"(batch, positions, d_model). Received: {arg}.shape={shape}"
+                )
+        d_model = query_shape[-1]
+        if d_model is None:
+            raise ValueError(
+                f"Layer '{self.name}': the last dimension (d_model) of `query` must be "
+                f"known. Received: query.shape={query_shape}"
+            )
+        if value_shape[-1] != d_model or key_shape[-1] != d_model:
+            raise ValueError(
+                f"Layer '{self.name}': `query`, `key` and `value` must have the same "
+                f"width d_model. Received: query.shape={query_shape}, "
+                f"key.shape={key_shape}, value.shape={value_shape}"
+            )
+        if key_shape[1] is not None and value_shape[1] is not None and key_shape[1] != value_shape[1]:
+            raise ValueError(
+                f"Layer '{self.name}': `key` and `value` must have the same number of "
+                f"positions. Received: key.shape={key_shape}, value.shape={value_shape}"
+            )
+        if self.key_dim is None and d_model % self.num_heads != 0:
+            raise ValueError(
+                f"Layer '{self.name}': d_model must be divisible by `num_heads` when "
+                f"`key_dim` is not given. Received: d_model={d_model} "
+                f"(query.shape={query_shape}), num_heads={self.num_heads}"
+            )
+        self._d_model = d_model
+        self._key_dim = self.key_dim or d_model // self.num_heads
+        self._value_dim = self.value_dim or self._key_dim
+        h = self.num_heads
+
+        def dense(units, name):
+            return keras.layers.Dense(
+                units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy
+            )
+
+        self.query_dense = dense(h * self._key_dim, "query_dense")
+        self.query_dense.build(query_shape)
+        self.key_dense = dense(h * self._key_dim, "key_dense")
+        self.key_dense.build(key_shape)
+        self.value_dense = dense(h * self._value_dim, "value_dense")
+        self.value_dense.build(value_shape)
+        self.output_dense = dense(d_model, "output_dense")
+        self.output_dense.build(query_shape[:-1] + (h * self._value_dim,))
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        query_mask=None,
+        value_mask=None,
+        use_causal_mask: bool = False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores: bool = False,
+        training=None,
+    ):
+        # (B, T_q, h, d_k)
+        q = self._split_heads(self.query_dense(query), self._key_dim)
+        if cache is not None and cache_index is None:
+            # Precomputed keys and values (e.g. the projected encoder output).
+            k, v = cache
+        else:
+            k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
+            if cache is not None:
+                key_cache, value_cache = cache
+                start = [0, cache_index, 0, 0]
+                key_cache = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
+                value_cache = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
+                cache = (key_cache, value_cache)
+                k, v = key_cache, value_cache
+
+        mask = self._attention_mask(
+            q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
+        )
+        attended = kt_ops.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            dropout=self.dropout,
+            training=training,
+            seed=self.seed_generator,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            attended, weights = attended
+        # (B, T_q, h, d_v) -> (B, T_q, h * d_v) -> (B, T_q, d_model)
+        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
+        attended = ops.reshape(attended, (batch, length, self.num_heads * self._value_dim))
+        outputs = self.output_dense(attended)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += (weights,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+            }
+        )
+        return config
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        return tuple(query_shape)[:-1] + (tuple(query_shape)[-1],)
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        query_mask=None,
+        value_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        outputs = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
+        )
+        results = (outputs,)
+        if return_attention_scores:
+            key_length = cache[0].shape[1] if cache is not None else value.shape[1]
+            results += (
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], key_length),
+                    dtype=self.compute_dtype,
+                ),
+            )
+        if cache is not None:
+            results += (
+                tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),
+            )
+        return results[0] if len(results) == 1 else results
+
+    def compute_key_value(self, value, key=None):
+        """Project `key` and `value` into heads: `(B, T_k, h, d_k)`, `(B, T_k, h, d_v)`.
+
+        During decoding, the encoder output is projected once with this method and
+        passed as `cache` (without `cache_index`) at every step.
+        """
+        key = value if key is None else key
+        k = self._split_heads(self.key_dense(key), self._key_dim)
+        v = self._split_heads(self.value_dense(value), self._value_dim)
+        return k, v
+
+    def _split_heads(self, x, head_dim):
+        # (B, T, h * d) -> (B, T, h, d)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (batch, length, self.num_heads, head_dim))
+
+    def _attention_mask(
+        self, q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
+    ):
+        """Combine the masks into one boolean tensor broadcastable to (B, h, T_q, T_k)."""
+        q_len, k_len = ops.shape(q)[1], ops.shape(k)[1]
+        masks = []
+        if attention_mask is not None:
+            rank = len(attention_mask.shape)
+            if rank not in (3, 4):
+                raise ValueError(
+                    f"Layer '{self.name}': `attention_mask` must have shape "
+                    f"(B, T_q, T_k) or (B, h, T_q, T_k). "
+                    f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+                )
+            mask = ops.cast(attention_mask, "bool")
+            masks.append(ops.expand_dims(mask, 1) if rank == 3 else mask)
+        if query_mask is not None:
+            masks.append(ops.reshape(ops.cast(query_mask, "bool"), (-1, 1, q_len, 1)))
+        if value_mask is not None:
+            # With a cache, the keys are the cache's positions: (B, max_length).
+            masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
+        if cache is not None and cache_index is not None:
+            # Only positions written so far are valid keys: j < cache_index + T_q.
+            filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len
+            masks.append(ops.reshape(filled, (1, 1, 1, k_len)))
+        if use_causal_mask:
+            offset = 0 if cache_index is None else cache_index
+            causal = kt_ops.causal_mask(q_len, k_len, offset=offset)
+            masks.append(ops.reshape(causal, (1, 1, q_len, k_len)))
+        return kt_ops.combine_masks(*masks)

@@ -1,0 +1,329 @@
+"""Encoder and decoder layers (paper, section 3.1): residual + norm around sub-layers."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.feed_forward import PositionwiseFFN
+
+
+class _Block(keras.layers.Layer):
+    """What both blocks share: arguments, config and the residual connection."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+        activation="relu",
+        key_dim: int | None = None,
+        attention_dropout: float = 0.0,
+        layer_norm_epsilon: float = 1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(
+                f"Layer '{self.name}': `dropout` must be in [0, 1). Received: dropout={dropout!r}"
+            )
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.norm_first = norm_first
+        self.activation = keras.activations.get(activation)
+        self.key_dim = key_dim
+        self.attention_dropout = attention_dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def _check_input_shape(self, arg, shape):
+        shape = tuple(shape)
+        if len(shape) != 3 or shape[-1] is None:
+            raise ValueError(
+                f"Layer '{self.name}': `{arg}` must have shape (batch, positions, d_model) "
+                f"with a known d_model. Received: {arg}.shape={shape}"
+            )
+        return shape
+
+    def _sublayer(self, prefix, sublayer, input_shape, **sublayer_build):
+        """Create the norm and dropout that wrap a sub-layer, and build all three."""
+        sublayer.build(input_shape, **sublayer_build)
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name=f"{prefix}_norm", dtype=self.dtype_policy
+        )
+        norm.build(input_shape)
+        drop = keras.layers.Dropout(self.dropout, name=f"{prefix}_dropout", dtype=self.dtype_policy)
+        return sublayer, norm, drop
+
+    def _attention(self, name):
+        return MultiHeadAttention(
+            self.num_heads,
+            key_dim=self.key_dim,
+            dropout=self.attention_dropout,
+            name=name,
+            dtype=self.dtype_policy,
+        )
+
+    def _feed_forward(self):
+        return PositionwiseFFN(
+            self.d_ff, activation=self.activation, name="feed_forward", dtype=self.dtype_policy
+        )
+
+    def _residual(self, x, norm, drop, fn, training):
+        """Post-norm `LayerNorm(x + Dropout(fn(x)))` (the paper) or pre-norm
+        `x + Dropout(fn(LayerNorm(x)))`. `fn` may return extra results (a cache)."""
+        residual = x
+        if self.norm_first:
+            x = norm(x)
+        out = fn(x)
+        extra = None
+        if isinstance(out, tuple):
+            out, extra = out
+        x = drop(out, training=training) + residual
+        if not self.norm_first:
+            x = norm(x)
+        return x, extra
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "dropout": self.dropout,
+                "norm_first": self.norm_first,
+                "activation": keras.activations.serialize(self.activation),
+                "key_dim": self.key_dim,
+                "attention_dropout": self.attention_dropout,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+            }
+        )
+        return config
+
+
+_BLOCK_ARGS = """
+    Args:
+        num_heads: Number of attention heads h.
+        d_ff: Inner width of the feed-forward network.
+        dropout: Residual dropout P_drop, applied to each sub-layer's output before it
+            is added to the sub-layer input (section 5.4). Defaults to `0.1`.
+        norm_first: `False` (the paper) puts LayerNorm after the residual sum
+            (post-norm); `True` puts it before the sub-layer (pre-norm), which trains
+            more stably in deep stacks. Defaults to `False`.
+        activation: FFN activation. Defaults to `"relu"`.
+        key_dim: Head size d_k. Defaults to `d_model // num_heads`.
+        attention_dropout: Dropout on attention weights (not in the paper). Defaults
+            to `0.0`.
+        layer_norm_epsilon: LayerNorm epsilon. Defaults to `1e-6`.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...).
+"""
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EncoderBlock(_Block):
+    __doc__ = (
+        """One encoder layer: self-attention, then the position-wise FFN (section 3.1).
+
+    Each sub-layer is wrapped as `LayerNorm(x + Dropout(Sublayer(x)))` by default.
+"""
+        + _BLOCK_ARGS
+        + """
+    Call arguments:
+        inputs: `(B, S, d_model)`.
+        padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to `None`.
+        attention_mask: Boolean `(B, S, S)`, `True` = may attend. Defaults to `None`.
+        training: Whether dropout is active.
+
+    Returns:
+        `(B, S, d_model)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = EncoderBlock(num_heads=2, d_ff=16)
+    >>> tuple(block(np.zeros((2, 5, 8), "float32")).shape)
+    (2, 5, 8)
+    """
+    )
+
+    def build(self, inputs_shape):
+        inputs_shape = self._check_input_shape("inputs", inputs_shape)
+        # Self-attention block.
+        self.self_attention, self.self_attention_norm, self.self_attention_dropout = self._sublayer(
+            "self_attention", self._attention("self_attention"), inputs_shape, value_shape=inputs_shape
+        )
+        # Feed-forward block.
+        self.feed_forward, self.feed_forward_norm, self.feed_forward_dropout = self._sublayer(
+            "feed_forward", self._feed_forward(), inputs_shape
+        )
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+        # Self-attention block.
+        x, _ = self._residual(
+            inputs,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            lambda y: self.self_attention(
+                y, y, attention_mask=attention_mask, value_mask=padding_mask, training=training
+            ),
+            training,
+        )
+        # Feed-forward block.
+        x, _ = self._residual(
+            x,
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            lambda y: self.feed_forward(y, training=training),
+            training,
+        )
+        return x
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderBlock(_Block):
+    __doc__ = (
+        """One decoder layer: masked self-attention, encoder-decoder attention, FFN.
+
+    Section 3.1. Self-attention is causal ("ensures that the predictions for position
+    i can depend only on the known outputs at positions less than i"). Queries of the
+    encoder-decoder attention come from the decoder, keys and values from the encoder
+    output. If the layer is built without an encoder sequence, it has no
+    cross-attention sub-layer and works as a decoder-only (language model) layer.
+"""
+        + _BLOCK_ARGS
+        + """
+    Call arguments:
+        decoder_sequence: `(B, T, d_model)`.
+        encoder_sequence: `(B, S, d_model)` encoder output, or `None`.
+        decoder_padding_mask: Boolean `(B, T)`. Defaults to `None`.
+        encoder_padding_mask: Boolean `(B, S)`. Defaults to `None`.
+        self_attention_cache: `(key_cache, value_cache)`, each `(B, max_length, h, d_k)`,
+            for incremental decoding; requires `cache_index`. Defaults to `None`.
+        cache_index: Position of the first decoder token in the cache.
+        cross_attention_cache: Precomputed encoder keys and values, from
+            `self.cross_attention.compute_key_value(encoder_sequence)`. Defaults to `None`.
+        training: Whether dropout is active.
+
+    Returns:
+        `(B, T, d_model)`, and the updated self-attention cache if one was given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> block = DecoderBlock(num_heads=2, d_ff=16)
+    >>> y, x = np.zeros((2, 4, 8), "float32"), np.zeros((2, 6, 8), "float32")
+    >>> tuple(block(y, x).shape)
+    (2, 4, 8)
+    """
+    )
+
+    def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        decoder_sequence_shape = self._check_input_shape("decoder_sequence", decoder_sequence_shape)
+        # Masked self-attention block.
+        self.self_attention, self.self_attention_norm, self.self_attention_dropout = self._sublayer(
+            "self_attention",
+            self._attention("self_attention"),
+            decoder_sequence_shape,
+            value_shape=decoder_sequence_shape,
+        )
+        # Encoder-decoder attention block.
+        self.cross_attention = None
+        if encoder_sequence_shape is not None:
+            encoder_sequence_shape = self._check_input_shape("encoder_sequence", encoder_sequence_shape)
+            self.cross_attention, self.cross_attention_norm, self.cross_attention_dropout = self._sublayer(
+                "cross_attention",
+                self._attention("cross_attention"),
+                decoder_sequence_shape,
+                value_shape=encoder_sequence_shape,
+            )
+        # Feed-forward block.
+        self.feed_forward, self.feed_forward_norm, self.feed_forward_dropout = self._sublayer(
+            "feed_forward", self._feed_forward(), decoder_sequence_shape
+        )
+        self.built = True
+
+    def call(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        cache_index=None,
+        cross_attention_cache=None,
+        training=None,
+    ):
+        has_encoder = encoder_sequence is not None or cross_attention_cache is not None
+        if has_encoder and self.cross_attention is None:
+            raise ValueError(
+                f"Layer '{self.name}' was built without an encoder sequence (decoder-only), "
+                "so it has no cross-attention. Received: an `encoder_sequence` or "
+                "`cross_attention_cache`."
+            )
+        if not has_encoder and self.cross_attention is not None:
+            raise ValueError(
+                f"Layer '{self.name}' has a cross-attention sub-layer and needs "
+                "`encoder_sequence` (or `cross_attention_cache`). Received: neither."
+            )
+        if self_attention_cache is not None and cache_index is None:
+            raise ValueError(
+                f"Layer '{self.name}': `self_attention_cache` requires `cache_index`. "
+                "Received: cache_index=None"
+            )
+        # Masked self-attention block.
+        x, new_cache = self._residual(
+            decoder_sequence,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            lambda y: self.self_attention(
+                y,
+                y,
+                value_mask=decoder_padding_mask,
+                use_causal_mask=True,
+                cache=self_attention_cache,
+                cache_index=cache_index,
+                training=training,
+            ),
+            training,
+        )
+        # Encoder-decoder attention block.
+        if has_encoder:
+            x, _ = self._residual(
+                x,
+                self.cross_attention_norm,
+                self.cross_attention_dropout,
+                lambda y: self.cross_attention(
+                    y,
+                    encoder_sequence if encoder_sequence is not None else y,
+                    value_mask=encoder_padding_mask,
+                    cache=cross_attention_cache,
+                    training=training,
+                ),
+                training,
+            )
+        # Feed-forward block.
+        x, _ = self._residual(
+            x,
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            lambda y: self.feed_forward(y, training=training),
+            training,
+        )
+        if self_attention_cache is not None:
+            return x, new_cache
+        return x
+
+    def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
+        return tuple(decoder_sequence_shape)
+
+    def compute_output_spec(self, decoder_sequence, encoder_sequence=None, self_attention_cache=None, **kwargs):
+        out = keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)
+        if self_attention_cache is not None:
+            cache = tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in self_attention_cache)
+            return out, cache
+        return out

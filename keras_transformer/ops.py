@@ -1,0 +1,208 @@
+"""Attention and mask functions of "Attention Is All You Need", in `keras.ops`.
+
+Everything here works on the TensorFlow, JAX and PyTorch backends, eagerly, under
+`jax.jit` / `tf.function`, and on symbolic Keras tensors.
+
+Tensor layout follows `keras.ops.dot_product_attention`: queries, keys and values are
+`(B, T, h, d_k)` (batch, positions, heads, head size). Masks are boolean and `True`
+means "may attend".
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "padding_mask",
+    "causal_mask",
+    "combine_masks",
+    "check_token_ids",
+]
+
+
+def padding_mask(token_ids, pad_id: int = 0):
+    """Boolean mask that is `True` at real tokens and `False` at padding.
+
+    Args:
+        token_ids: Integer tensor of token ids, shape `(B, T)`.
+        pad_id: The id used for padding. Defaults to `0`.
+
+    Returns:
+        A boolean tensor of shape `(B, T)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> m = padding_mask(np.array([[5, 7, 0, 0]]))
+    >>> ops.convert_to_numpy(m).tolist()
+    [[True, True, False, False]]
+    """
+    return ops.not_equal(token_ids, pad_id)
+
+
+def causal_mask(query_length, key_length=None, offset=0):
+    """Lower-triangular mask: query position `i` may attend to key `j` iff `j <= i + offset`.
+
+    This is the decoder's "masking out (setting to -inf) all values in the input of the
+    softmax which correspond to illegal connections" (paper, section 3.2.3).
+
+    Args:
+        query_length: Number of query positions `T_q` (int or scalar tensor).
+        key_length: Number of key positions `T_k`. Defaults to `query_length`.
+        offset: Position of the first query, e.g. the cache index during incremental
+            decoding. Defaults to `0`.
+
+    Returns:
+        A boolean tensor of shape `(T_q, T_k)`.
+
+    Example:
+
+    >>> from keras import ops
+    >>> ops.convert_to_numpy(causal_mask(3)).astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    """
+    if key_length is None:
+        key_length = query_length
+    q_pos = ops.arange(query_length, dtype="int32") + ops.cast(offset, "int32")
+    k_pos = ops.arange(key_length, dtype="int32")
+    return ops.greater_equal(ops.expand_dims(q_pos, 1), ops.expand_dims(k_pos, 0))
+
+
+def combine_masks(*masks):
+    """Logical AND of the masks that are not `None`; `None` if all are `None`.
+
+    Masks must broadcast against each other (e.g. `(B, 1, 1, T_k)` and `(T_q, T_k)`).
+    """
+    result = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        result = mask if result is None else ops.logical_and(result, mask)
+    return result
+
+
+def _large_negative(dtype):
+    # A finite stand-in for -inf: a row whose keys are all masked then gets a uniform
+    # softmax (finite output) instead of NaN, the same as the fused kernels of every
+    # backend do. float16 tops out at 65504, so use a smaller magnitude there.
+    return -3e4 if keras.backend.standardize_dtype(dtype) == "float16" else -1e9
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    dropout: float = 0.0,
+    training=None,
+    seed=None,
+    return_attention_scores: bool = False,
+):
+    """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V` (paper, eq. 1).
+
+    Section 3.2.1 of the paper. When no dropout is applied and no attention weights are
+    requested, this calls `keras.ops.dot_product_attention`, which dispatches to fused
+    kernels (cuDNN / flash attention) where the backend and hardware have them (when
+    d_v = d_k, as in the paper); otherwise
+    the weights are computed explicitly, with the softmax in float32.
+
+    Args:
+        query: `(B, T_q, h, d_k)` queries.
+        key: `(B, T_k, h, d_k)` keys.
+        value: `(B, T_k, h, d_v)` values.
+        mask: Optional boolean mask, `True` = may attend, broadcastable to
+            `(B, h, T_q, T_k)`. A query whose keys are all masked receives the mean of
+            the values (a finite output) rather than NaN. Defaults to `None`.
+        dropout: Dropout rate on the attention weights. Defaults to `0.0`.
+        training: Whether dropout is active. Defaults to `None` (inactive).
+        seed: Seed or `keras.random.SeedGenerator` for dropout. Defaults to `None`.
+        return_attention_scores: Also return the attention weights
+            `(B, h, T_q, T_k)`. Defaults to `False`.
+
+    Returns:
+        The attended values, `(B, T_q, h, d_v)`; with `return_attention_scores=True`,
+        the tuple `(values, weights)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> q = np.random.default_rng(0).normal(size=(2, 5, 4, 8)).astype("float32")
+    >>> out = scaled_dot_product_attention(q, q, q)
+    >>> tuple(out.shape)
+    (2, 5, 4, 8)
+    """
+    d_k = query.shape[-1]
+    scale = 1.0 / math.sqrt(d_k)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        while len(mask.shape) < 4:
+            mask = ops.expand_dims(mask, 0)
+    use_dropout = dropout > 0.0 and bool(training)
+    # The fused kernels need d_v == d_k; the paper's d_v = d_k always qualifies.
+    fusable = key.shape[-1] == value.shape[-1]
+    if fusable and not use_dropout and not return_attention_scores:
+        return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+
+    compute_dtype = keras.backend.standardize_dtype(query.dtype)
+    # (B, h, T_q, T_k): one score per query/key pair and head.
+    scores = ops.einsum("bqhd,bkhd->bhqk", query, key)
+    scores = ops.cast(scores, "float32") * scale
+    if mask is not None:
+        scores = ops.where(mask, scores, _large_negative("float32"))
+    weights = ops.softmax(scores, axis=-1)
+    weights = ops.cast(weights, compute_dtype)
+    dropped = weights
+    if use_dropout:
+        dropped = keras.random.dropout(weights, dropout, seed=seed)
+    outputs = ops.einsum("bhqk,bkhd->bqhd", dropped, value)
+    if return_attention_scores:
+        return outputs, weights
+    return outputs
+
+
+def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=None):
+    """Validate token ids: integer dtype always, value range when values are readable.
+
+    Float ids are refused on every backend, eagerly or symbolically. Out-of-range ids
+    are refused whenever the ids are concrete (eager execution on any backend); inside
+    a compiled function (`jax.jit`, `tf.function`) the values cannot be read, and the
+    check is skipped.
+
+    Raises:
+        ValueError: naming the layer, the argument and what was received.
+    """
+    where = f"Layer '{layer.name}'" if layer is not None else "keras_transformer"
+    dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    if "int" not in dtype:
+        raise ValueError(
+            f"{where}: `{name}` must be an integer tensor of token ids. "
+            f"Received: dtype={dtype}, shape={tuple(token_ids.shape)}"
+        )
+    values = _concrete_numpy(token_ids)
+    if values is None or values.size == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{where}: `{name}` must be in [0, {vocab_size}) (vocab_size={vocab_size}). "
+            f"Received: min={low}, max={high}"
+        )
+
+
+def _concrete_numpy(x):
+    """`x` as a NumPy array when its values exist (eager), else `None` (traced)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, keras.KerasTensor):
+        return None
+    try:
+        return np.asarray(ops.convert_to_numpy(x))
+    except Exception:  # noqa: BLE001 - tracers and graph tensors have no values.
+        return None

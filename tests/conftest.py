@@ -1,0 +1,87 @@
+"""Shared fixtures and helpers: the same suite runs once per Keras backend."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+BACKEND = keras.backend.backend()
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    """Every test starts from the same seed and the float32 policy."""
+    keras.utils.set_random_seed(1234)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def to_numpy(x, dtype="float64"):
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32")), dtype=dtype)
+
+
+def mha_weights(layer):
+    """Projection weights of a MultiHeadAttention layer, as the NumPy reference takes them."""
+    w = {}
+    for role, dense in (("q", layer.query_dense), ("k", layer.key_dense), ("v", layer.value_dense), ("o", layer.output_dense)):
+        w["w" + role] = to_numpy(dense.kernel)
+        w["b" + role] = to_numpy(dense.bias)
+    return w
+
+
+def norm_weights(norm):
+    return to_numpy(norm.gamma), to_numpy(norm.beta)
+
+
+def ffn_weights(ffn):
+    return (to_numpy(ffn.inner_dense.kernel), to_numpy(ffn.inner_dense.bias),
+            to_numpy(ffn.outer_dense.kernel), to_numpy(ffn.outer_dense.bias))
+
+
+def block_weights(block):
+    w = {
+        "self_attention": mha_weights(block.self_attention),
+        "self_attention_norm": norm_weights(block.self_attention_norm),
+        "ffn": ffn_weights(block.feed_forward),
+        "feed_forward_norm": norm_weights(block.feed_forward_norm),
+    }
+    if getattr(block, "cross_attention", None) is not None:
+        w["cross_attention"] = mha_weights(block.cross_attention)
+        w["cross_attention_norm"] = norm_weights(block.cross_attention_norm)
+    return w
+
+
+def model_weights(model):
+    w = {
+        "embeddings": to_numpy(model.embedding.embeddings),
+        "encoder": [block_weights(b) for b in model.encoder.blocks],
+        "decoder": [block_weights(b) for b in model.decoder.blocks],
+    }
+    if model.norm_first:
+        w["encoder_final_norm"] = norm_weights(model.encoder.final_norm)
+        w["decoder_final_norm"] = norm_weights(model.decoder.final_norm)
+    return w
+
+
+def randomize_weights(layer, seed=0, scale=0.5):
+    """Give every weight (biases and norms included) non-trivial random values."""
+    rng = np.random.default_rng(seed)
+    for v in layer.weights:
+        v.assign(rng.normal(scale=scale, size=v.shape).astype("float32") + (1.0 if v.path.endswith("gamma") else 0.0))
+
+
+def random_ids(rng, batch, length, vocab_size, pad_from=None):
+    """Random ids in [4, vocab_size); rows padded with 0 from `pad_from[b]` on."""
+    ids = rng.integers(4, vocab_size, size=(batch, length))
+    if pad_from is not None:
+        for b, start in enumerate(pad_from):
+            ids[b, start:] = 0
+    return ids.astype("int32")
+
+
+def pytest_report_header(config):
+    return f"keras backend: {BACKEND}, keras {keras.__version__}, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')}"

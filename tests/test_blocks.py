@@ -1,0 +1,123 @@
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_transformer as kt
+from tests import reference as ref
+from tests.conftest import block_weights, norm_weights, randomize_weights, to_numpy
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    y = rng.normal(size=(2, 5, 8)).astype("float32")
+    src_mask = np.array([[1] * 6, [1, 1, 1, 1, 0, 0]], bool)
+    tgt_mask = np.array([[1] * 5, [1, 1, 1, 0, 0]], bool)
+    return x, y, src_mask, tgt_mask
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_block_matches_reference(norm_first):
+    block = kt.layers.EncoderBlock(num_heads=2, d_ff=16, dropout=0.1, norm_first=norm_first)
+    block.build((None, None, 8))
+    randomize_weights(block)
+    x, _, src_mask, _ = _inputs()
+    out = to_numpy(block(x, padding_mask=src_mask))
+    expected = ref.encoder_block(x, block_weights(block), 2, src_mask, norm_first)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_block_matches_reference(norm_first):
+    block = kt.layers.DecoderBlock(num_heads=2, d_ff=16, norm_first=norm_first)
+    block.build((None, None, 8), (None, None, 8))
+    randomize_weights(block)
+    x, y, src_mask, tgt_mask = _inputs(1)
+    out = to_numpy(block(y, x, decoder_padding_mask=tgt_mask, encoder_padding_mask=src_mask))
+    expected = ref.decoder_block(y, x, block_weights(block), 2, tgt_mask, src_mask, norm_first)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def test_residual_dropout_is_active_only_in_training():
+    block = kt.layers.EncoderBlock(num_heads=2, d_ff=16, dropout=0.5)
+    x, *_ = _inputs(2)
+    a, b = to_numpy(block(x)), to_numpy(block(x, training=False))
+    np.testing.assert_allclose(a, b)
+    assert not np.allclose(to_numpy(block(x, training=True)), a, atol=1e-3)
+
+
+def test_decoder_only_block_has_no_cross_attention():
+    block = kt.layers.DecoderBlock(num_heads=2, d_ff=16)
+    _, y, _, _ = _inputs(3)
+    out = to_numpy(block(y))
+    assert block.cross_attention is None
+    assert not any("cross_attention" in w.path for w in block.weights)
+    np.testing.assert_allclose(out, ref.decoder_block(y, None, block_weights(block), 2), atol=1e-5)
+    with pytest.raises(ValueError, match="no cross-attention"):
+        block(y, y)
+
+
+def test_decoder_block_cache_equals_full_pass():
+    block = kt.layers.DecoderBlock(num_heads=2, d_ff=16)
+    block.build((None, None, 8), (None, None, 8))
+    randomize_weights(block, scale=0.3)
+    x, y, src_mask, _ = _inputs(4)
+    full = to_numpy(block(y, x, encoder_padding_mask=src_mask))
+    cache = (ops.zeros((2, 7, 2, 4)), ops.zeros((2, 7, 2, 4)))
+    cross = block.cross_attention.compute_key_value(x)
+    steps = []
+    for i in range(5):
+        out, cache = block(
+            y[:, i : i + 1], None, encoder_padding_mask=src_mask,
+            self_attention_cache=cache, cache_index=i, cross_attention_cache=cross,
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stacks_match_reference(norm_first):
+    encoder = kt.layers.Encoder(num_layers=2, num_heads=2, d_ff=16, norm_first=norm_first)
+    decoder = kt.layers.Decoder(num_layers=2, num_heads=2, d_ff=16, norm_first=norm_first)
+    encoder.build((None, None, 8))
+    decoder.build((None, None, 8), (None, None, 8))
+    randomize_weights(encoder, 1, scale=0.3)
+    randomize_weights(decoder, 2, scale=0.3)
+    assert (encoder.final_norm is not None) == norm_first
+    x, y, src_mask, tgt_mask = _inputs(5)
+    enc = to_numpy(encoder(x, padding_mask=src_mask))
+    expected = x.astype("float64")
+    for block in encoder.blocks:
+        expected = ref.encoder_block(expected, block_weights(block), 2, src_mask, norm_first)
+    if norm_first:
+        expected = ref.layer_norm(expected, *norm_weights(encoder.final_norm), 1e-6)
+    np.testing.assert_allclose(enc, expected, atol=1e-4)
+    dec = to_numpy(decoder(y, enc, decoder_padding_mask=tgt_mask, encoder_padding_mask=src_mask))
+    expected = y.astype("float64")
+    for block in decoder.blocks:
+        expected = ref.decoder_block(expected, enc, block_weights(block), 2, tgt_mask, src_mask, norm_first)
+    if norm_first:
+        expected = ref.layer_norm(expected, *norm_weights(decoder.final_norm), 1e-6)
+    np.testing.assert_allclose(dec, expected, atol=1e-4)
+
+
+def test_decoder_stack_cache_equals_full_pass():
+    decoder = kt.layers.Decoder(num_layers=2, num_heads=2, d_ff=16, norm_first=True)
+    x, y, src_mask, _ = _inputs(6)
+    full = to_numpy(decoder(y, x, encoder_padding_mask=src_mask))
+    caches = decoder.init_cache(2, 5)
+    assert tuple(caches[0][0].shape) == (2, 5, 2, 4)
+    cross = decoder.compute_cross_attention_cache(x)
+    steps = []
+    for i in range(5):
+        out, caches = decoder(
+            y[:, i : i + 1], None, encoder_padding_mask=src_mask,
+            self_attention_cache=caches, cache_index=i, cross_attention_cache=cross,
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_block_rejects_rank_2_input():
+    with pytest.raises(ValueError, match=r"Layer 'enc'.*inputs.shape=\(2, 8\)"):
+        kt.layers.EncoderBlock(2, 16, name="enc")(np.zeros((2, 8), "float32"))

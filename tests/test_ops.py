@@ -1,0 +1,105 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_transformer as kt
+from tests import reference as ref
+from tests.conftest import to_numpy
+
+
+def _qkv(rng, b=2, tq=5, tk=7, h=3, d=4):
+    q = rng.normal(size=(b, tq, h, d)).astype("float32")
+    k = rng.normal(size=(b, tk, h, d)).astype("float32")
+    v = rng.normal(size=(b, tk, h, d)).astype("float32")
+    return q, k, v
+
+
+def _ref(q, k, v, mask=None):
+    # reference works on (B, h, T, d)
+    t = lambda x: np.transpose(x, (0, 2, 1, 3)).astype("float64")
+    out, w = ref.attention(t(q), t(k), t(v), mask)
+    return np.transpose(out, (0, 2, 1, 3)), w
+
+
+@pytest.mark.parametrize("scores", [False, True])
+def test_attention_matches_reference(scores):
+    rng = np.random.default_rng(0)
+    q, k, v = _qkv(rng)
+    mask = rng.random((2, 1, 5, 7)) > 0.3
+    mask[..., 0] = True
+    expected, expected_w = _ref(q, k, v, mask)
+    result = kt.ops.scaled_dot_product_attention(q, k, v, mask=mask, return_attention_scores=scores)
+    if scores:
+        result, weights = result
+        np.testing.assert_allclose(to_numpy(weights), expected_w, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(result), expected, atol=1e-5)
+
+
+def test_fused_and_explicit_paths_agree_with_fully_masked_rows():
+    rng = np.random.default_rng(1)
+    q, k, v = _qkv(rng)
+    mask = np.ones((2, 1, 5, 7), bool)
+    mask[0, :, 2, :] = False  # a query that may attend to nothing
+    fused = to_numpy(kt.ops.scaled_dot_product_attention(q, k, v, mask=mask))
+    explicit, _ = kt.ops.scaled_dot_product_attention(q, k, v, mask=mask, return_attention_scores=True)
+    assert np.isfinite(fused).all()
+    np.testing.assert_allclose(fused, to_numpy(explicit), atol=1e-5)
+    # No key allowed: the mean of the values, like the reference.
+    np.testing.assert_allclose(fused[0, 2], v[0].mean(axis=0), atol=1e-5)
+
+
+def test_attention_dropout_only_in_training():
+    rng = np.random.default_rng(2)
+    q, k, v = _qkv(rng)
+    base = to_numpy(kt.ops.scaled_dot_product_attention(q, k, v))
+    inference = to_numpy(kt.ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=False))
+    np.testing.assert_allclose(base, inference, atol=1e-6)
+    _, w = kt.ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=True, seed=3, return_attention_scores=True)
+    trained = to_numpy(kt.ops.scaled_dot_product_attention(q, k, v, dropout=0.5, training=True, seed=3))
+    assert not np.allclose(trained, base, atol=1e-3)
+    # The weights returned are the softmax before dropout: rows sum to one.
+    np.testing.assert_allclose(to_numpy(w).sum(-1), 1.0, atol=1e-5)
+
+
+def test_causal_mask_values():
+    m = to_numpy(kt.ops.causal_mask(3, 5, offset=2)).astype(bool)
+    expected = np.array([[j <= i + 2 for j in range(5)] for i in range(3)])
+    np.testing.assert_array_equal(m, expected)
+
+
+def test_padding_mask():
+    m = to_numpy(kt.ops.padding_mask(np.array([[3, 0, 4, 0]]), pad_id=0)).astype(bool)
+    np.testing.assert_array_equal(m, [[True, False, True, False]])
+
+
+def test_combine_masks_broadcasts_and_skips_none():
+    a = np.array([[True, False, True]])
+    b = np.array([[True], [False]])
+    out = to_numpy(kt.ops.combine_masks(None, a, b)).astype(bool)
+    np.testing.assert_array_equal(out, a & b)
+    assert kt.ops.combine_masks(None, None) is None
+
+
+@pytest.mark.parametrize("d_k", [4, 64, 512])
+def test_scaling_gives_unit_variance_logits(d_k):
+    # Section 3.2.1, footnote 4: for unit-variance q, k, q.k has variance d_k,
+    # so q.k / sqrt(d_k) has variance 1.
+    rng = np.random.default_rng(d_k)
+    q = rng.normal(size=(20000, d_k))
+    k = rng.normal(size=(20000, d_k))
+    dots = (q * k).sum(-1)
+    assert abs(dots.var() / d_k - 1.0) < 0.05
+    assert abs((dots / math.sqrt(d_k)).var() - 1.0) < 0.05
+
+
+def test_check_token_ids_rejects_floats_and_out_of_range():
+    with pytest.raises(ValueError, match="integer"):
+        kt.ops.check_token_ids(np.zeros((1, 2), "float32"), 10)
+    with pytest.raises(ValueError, match=r"max=10"):
+        kt.ops.check_token_ids(np.array([[1, 10]], "int32"), 10)
+    with pytest.raises(ValueError, match=r"min=-1"):
+        kt.ops.check_token_ids(ops.convert_to_tensor(np.array([[-1, 3]], "int32")), 10)
+    kt.ops.check_token_ids(ops.convert_to_tensor(np.array([[0, 9]], "int32")), 10)

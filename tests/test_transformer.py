@@ -1,0 +1,114 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from tests import reference as ref
+from tests.conftest import model_weights, random_ids, randomize_weights, to_numpy
+
+
+def _small(**kwargs):
+    args = dict(vocab_size=23, num_layers=2, d_model=8, num_heads=2, d_ff=16)
+    args.update(kwargs)
+    return kt.models.Transformer(**args)
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "source_ids": random_ids(rng, 3, 7, 23, pad_from=[7, 5, 3]),
+        "target_ids": random_ids(rng, 3, 6, 23, pad_from=[6, 6, 2]),
+    }
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_model_matches_reference(norm_first):
+    model = _small(norm_first=norm_first)
+    model.build()
+    randomize_weights(model, scale=0.3)
+    batch = _batch()
+    logits = to_numpy(model(batch))
+    expected = ref.transformer(batch["source_ids"], batch["target_ids"], model_weights(model), 2, norm_first=norm_first)
+    # Compare where targets are real tokens (outputs at padded positions are unused).
+    real = batch["target_ids"] != 0
+    np.testing.assert_allclose(logits[real], expected[real], atol=1e-4, rtol=1e-5)
+
+
+def test_one_matrix_is_shared_when_tied():
+    tied = _small()
+    tied.build()
+    embeddings = [w.path.split("/", 1)[1] for w in tied.weights if "embedding" in w.path]
+    assert embeddings == ["embedding/embeddings"]
+    untied = _small(tie_weights=False)
+    untied.build()
+    # Two more (V x d) matrices: target embedding and output projection.
+    assert untied.count_params() - tied.count_params() == 2 * 23 * 8
+    assert tuple(untied(_batch()).shape) == (3, 6, 23)
+
+
+def test_masks_come_from_ids():
+    model = _small(dropout=0.0)
+    batch = _batch(1)
+    base = to_numpy(model(batch))
+    # Changing what sits at padded source positions changes nothing.
+    changed = {k: v.copy() for k, v in batch.items()}
+    changed["source_ids"][2, 3:] = 0
+    np.testing.assert_allclose(to_numpy(model(changed)), base, atol=1e-5)
+    # A later target token never influences earlier logits (causal decoder).
+    changed = {k: v.copy() for k, v in batch.items()}
+    changed["target_ids"][0, 4] = 22 if changed["target_ids"][0, 4] != 22 else 21
+    out = to_numpy(model(changed))
+    np.testing.assert_allclose(out[0, :4], base[0, :4], atol=1e-5)
+    assert not np.allclose(out[0, 4:], base[0, 4:], atol=1e-4)
+
+
+def test_base_preset_parameter_count():
+    """Paper's base model with a shared vocabulary V:
+
+    per attention: 4 (d^2 + d); per FFN: 2 d d_ff + d_ff + d; per LayerNorm: 2 d;
+    encoder layer = attention + FFN + 2 norms; decoder layer = 2 attentions + FFN +
+    3 norms; total = N (encoder + decoder layer) + V d (one tied embedding).
+    With V = 37000 (the paper's shared BPE vocabulary) this is 63,082,496 (the paper
+    rounds to 65M).
+    """
+    V, N, d, dff = 37000, 6, 512, 2048
+    attn, ffn, norm = 4 * (d * d + d), 2 * d * dff + dff + d, 2 * d
+    expected = N * ((attn + ffn + 2 * norm) + (2 * attn + ffn + 3 * norm)) + V * d
+    assert expected == 63_082_496
+    model = kt.models.Transformer.from_preset("base", vocab_size=V)
+    model.build()
+    assert model.count_params() == expected
+    assert (model.num_layers, model.d_model, model.num_heads, model.d_ff, model.dropout) == (6, 512, 8, 2048, 0.1)
+
+
+def test_presets_and_overrides():
+    big = kt.models.PRESETS["big"]
+    assert (big["num_layers"], big["d_model"], big["num_heads"], big["d_ff"], big["dropout"]) == (6, 1024, 16, 4096, 0.3)
+    tiny = kt.models.Transformer.from_preset("tiny", vocab_size=50, dropout=0.0)
+    assert tiny.dropout == 0.0 and tiny.d_model == kt.models.PRESETS["tiny"]["d_model"]
+    with pytest.raises(ValueError, match="preset='huge'"):
+        kt.models.Transformer.from_preset("huge", vocab_size=10)
+
+
+def test_bad_model_inputs():
+    with pytest.raises(ValueError, match=r"d_model=10, num_heads=4"):
+        _small(d_model=10, num_heads=4)
+    model = _small()
+    with pytest.raises(ValueError, match="'source_ids' and 'target_ids'"):
+        model({"source": np.ones((1, 2), "int32")})
+    with pytest.raises(ValueError, match="integer"):
+        model({"source_ids": np.ones((1, 2), "float32"), "target_ids": np.ones((1, 2), "int32")})
+    with pytest.raises(ValueError, match=r"max=99"):
+        model({"source_ids": np.array([[4, 99]], "int32"), "target_ids": np.array([[2, 5]], "int32")})
+
+
+def test_model_save_and_load_keras_format(tmp_path):
+    model = _small(tie_weights=False, norm_first=True)
+    batch = _batch(2)
+    expected = to_numpy(model(batch))
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, kt.models.Transformer)
+    assert loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(to_numpy(loaded(batch)), expected, atol=1e-6)
