@@ -4,8 +4,20 @@ The same code runs on the TensorFlow, JAX and PyTorch backends; choose one with 
 `KERAS_BACKEND` environment variable before importing Keras.
 """
 
-from keras_transformer import layers, models, ops
+import importlib
+
+from keras_transformer import callbacks, decoding, layers, losses, metrics, models, ops, schedules
 
 __version__ = "0.1.0"
 
-__all__ = ["layers", "models", "ops", "__version__"]
+__all__ = [
+    "callbacks", "decoding", "layers", "losses", "metrics", "models", "ops", "schedules", "text",
+    "__version__",
+]
+
+
+def __getattr__(name):
+    # `text` needs TensorFlow and TensorFlow Text (the `text` extra): import it on use.
+    if name == "text":
+        return importlib.import_module("keras_transformer.text")
+    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")

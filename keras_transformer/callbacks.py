@@ -1,0 +1,183 @@
+"""Training callbacks: resumable state, checkpoint averaging, and training curves.
+
+Checkpoints are NumPy `.npz` files holding variables in a fixed order, so they are the
+same whatever backend wrote them. Every file is written to a temporary name and renamed
+into place (`os.replace` is atomic), so a process killed at any moment leaves either the
+previous file or the new one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+
+import keras
+import numpy as np
+
+
+def _save_npz(path: pathlib.Path, **arrays) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _weights_dict(variables) -> dict[str, np.ndarray]:
+    return {f"v{i:05d}": keras.ops.convert_to_numpy(v) for i, v in enumerate(variables)}
+
+
+def _assign(variables, arrays: dict, what: str) -> None:
+    if len(arrays) != len(variables):
+        raise ValueError(f"{what} holds {len(arrays)} arrays; the model has {len(variables)} variables.")
+    for i, v in enumerate(variables):
+        v.assign(arrays[f"v{i:05d}"])
+
+
+class TrainingState(keras.callbacks.Callback):
+    """Saves everything needed to resume at the end of every epoch: `state.npz`.
+
+    The file holds the model's weights, the optimizer's variables (its step counter,
+    and so the learning-rate schedule, included) and the number of epochs done. Train
+    by steps with `model.fit(dataset.repeat(), steps_per_epoch=k, epochs=n,
+    initial_epoch=TrainingState.restore(model, directory))`: after a kill the same
+    command continues from the last finished epoch and stops at step `n * k`.
+
+    Args:
+        directory: Where `state.npz` lives.
+    """
+
+    FILENAME = "state.npz"
+
+    def __init__(self, directory):
+        super().__init__()
+        self.path = pathlib.Path(directory) / self.FILENAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        arrays = {f"model_{k}": v for k, v in _weights_dict(self.model.weights).items()}
+        arrays.update({f"optimizer_{k}": v for k, v in _weights_dict(self.model.optimizer.variables).items()})
+        _save_npz(self.path, epochs_done=np.array(epoch + 1), **arrays)
+
+    @classmethod
+    def restore(cls, model: keras.Model, directory) -> int:
+        """Load the saved state into a built, compiled `model`; return the epochs done (0 if none)."""
+        path = pathlib.Path(directory) / cls.FILENAME
+        if not path.is_file():
+            return 0
+        with np.load(path) as data:
+            model_part = {k[len("model_"):]: data[k] for k in data.files if k.startswith("model_")}
+            optimizer_part = {k[len("optimizer_"):]: data[k] for k in data.files if k.startswith("optimizer_")}
+            epochs_done = int(data["epochs_done"])
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        _assign(model.weights, model_part, f"{path} (model)")
+        _assign(model.optimizer.variables, optimizer_part, f"{path} (optimizer)")
+        return epochs_done
+
+
+class CheckpointAverager(keras.callbacks.Callback):
+    """Keeps the weights of the last `num_checkpoints` epochs and averages them at the end.
+
+    Paper, section 6.1: "For the base models, we used a single model obtained by
+    averaging the last 5 checkpoints". A checkpoint is written at the end of every
+    epoch (`checkpoint_{epoch:06d}.npz`); older ones are deleted. When training ends,
+    the model's weights become the element-wise mean of the kept checkpoints.
+
+    Args:
+        directory: Where the checkpoints live.
+        num_checkpoints: k, how many to keep and average. Defaults to `5`.
+    """
+
+    def __init__(self, directory, num_checkpoints: int = 5):
+        super().__init__()
+        if num_checkpoints < 1:
+            raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
+        self.directory = pathlib.Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.num_checkpoints = num_checkpoints
+
+    def checkpoints(self) -> list[pathlib.Path]:
+        return sorted(self.directory.glob("checkpoint_*.npz"))
+
+    def on_epoch_end(self, epoch, logs=None):
+        _save_npz(self.directory / f"checkpoint_{epoch + 1:06d}.npz", **_weights_dict(self.model.weights))
+        for old in self.checkpoints()[: -self.num_checkpoints]:
+            old.unlink()
+
+    def on_train_end(self, logs=None):
+        average_checkpoints(self.model, self.checkpoints()[-self.num_checkpoints :])
+
+
+def average_checkpoints(model: keras.Model, paths) -> int:
+    """Set `model`'s weights to the mean of the checkpoints at `paths`; return how many."""
+    paths = list(paths)
+    if not paths:
+        return 0
+    total = None
+    for path in paths:
+        with np.load(path) as data:
+            arrays = [data[f"v{i:05d}"].astype("float64") for i in range(len(data.files))]
+        total = arrays if total is None else [t + a for t, a in zip(total, arrays)]
+    _assign(model.weights, {f"v{i:05d}": t / len(paths) for i, t in enumerate(total)}, "average")
+    return len(paths)
+
+
+class TrainingCurves(keras.callbacks.Callback):
+    """Draws loss and accuracy against steps from a CSV log into a PNG when training ends.
+
+    Args:
+        csv_path: The `keras.callbacks.CSVLogger` file (its rows survive resumption).
+        png_path: Where to write the figure.
+        steps_per_epoch: Converts the log's epochs into steps on the x axis.
+    """
+
+    def __init__(self, csv_path, png_path, steps_per_epoch: int):
+        super().__init__()
+        self.csv_path = pathlib.Path(csv_path)
+        self.png_path = pathlib.Path(png_path)
+        self.steps_per_epoch = steps_per_epoch
+
+    def on_train_end(self, logs=None):
+        plot_training_curves(self.csv_path, self.png_path, self.steps_per_epoch)
+
+
+def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
+    """Write the PNG; return `False` if the log has no rows yet."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return False
+    steps = [(int(r["epoch"]) + 1) * steps_per_epoch for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, ("loss", "accuracy")):
+        for prefix, style in (("", "-"), ("val_", "--")):
+            key = prefix + metric
+            if key in rows[0]:
+                ax.plot(steps, [float(r[key]) for r in rows], style, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    tmp = pathlib.Path(png_path).with_name(pathlib.Path(png_path).name + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return True
+
+
+def write_json(path, data) -> None:
+    """Write JSON atomically (used for configs and metric summaries)."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

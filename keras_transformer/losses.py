@@ -1,0 +1,58 @@
+"""The training loss: label-smoothed cross-entropy over non-padding tokens (section 5.4)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy against label-smoothed targets, averaged over non-pad tokens.
+
+    Paper, section 5.4: "we employed label smoothing of value eps_ls = 0.1". The target
+    distribution is Szegedy et al.'s `q = (1 - eps) * onehot(y) + eps / V` (the same as
+    Keras' `CategoricalCrossentropy(label_smoothing=eps)` on one-hot targets), and the
+    loss is `-sum_k q_k log softmax(z)_k`, summed over positions whose label is not
+    `pad_id` and divided by their count.
+
+    Args:
+        epsilon: Smoothing eps_ls. Defaults to `0.1`.
+        pad_id: Label id that is ignored. Defaults to `0`.
+        name: Defaults to `"label_smoothed_cross_entropy"`.
+
+    Call arguments:
+        y_true: Integer labels `(B, T)`.
+        y_pred: Logits `(B, T, V)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> loss = LabelSmoothedCrossEntropy(epsilon=0.0)
+    >>> logits = np.log(np.array([[[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]], "float32"))
+    >>> round(float(loss(np.array([[1, 0]]), logits)), 4)  # only the first label counts
+    0.6931
+    """
+
+    def __init__(self, epsilon: float = 0.1, pad_id: int = 0, name: str = "label_smoothed_cross_entropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not 0.0 <= epsilon < 1.0:
+            raise ValueError(f"`epsilon` must be in [0, 1). Received: epsilon={epsilon!r}")
+        self.epsilon = epsilon
+        self.pad_id = pad_id
+
+    def call(self, y_true, y_pred):
+        y_true = ops.cast(y_true, "int32")
+        logits = ops.cast(y_pred, "float32")
+        log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)
+        nll = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1)
+        uniform = -ops.mean(log_probs, axis=-1)  # cross-entropy against eps / V on every class
+        per_token = (1.0 - self.epsilon) * nll + self.epsilon * uniform
+        mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        # A scalar: the mean over real tokens (Keras' reduction leaves a scalar as is).
+        return ops.sum(per_token * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"epsilon": self.epsilon, "pad_id": self.pad_id})
+        return config

@@ -1,0 +1,122 @@
+"""tf.data input pipeline: sentence pairs -> batches of token ids for `model.fit`.
+
+Each example becomes `({"source_ids": x, "target_ids": [START] y}, y [END])` (teacher
+forcing: the decoder reads the target shifted right and predicts the next token).
+Batches are made by a token budget with length bucketing, as in the paper (section 5.1:
+"Sentence pairs were batched together by approximate sequence length. Each training
+batch contained a set of sentence pairs containing approximately 25000 source tokens
+and 25000 target tokens"). Keras feeds a `tf.data.Dataset` to `model.fit` on every
+backend, so the same pipeline serves TensorFlow, JAX and PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from keras_transformer.text.tokenizer import END_ID, PAD_ID, START_ID, Tokenizer
+
+
+def bucket_lengths(max_length: int) -> list[int]:
+    """Padded lengths of the buckets: multiples of 8 up to 32, then of 16, up to `max_length`.
+
+    A few fixed shapes keep XLA (JAX, TensorFlow) from compiling one program per length.
+    """
+    lengths, n = [], 8
+    while n < max_length:
+        lengths.append(n)
+        n += 8 if n < 32 else 16
+    lengths.append(max_length)
+    return lengths
+
+
+def make_dataset(
+    pairs: Sequence[tuple[str, str]],
+    tokenizer: Tokenizer,
+    batch_tokens: int = 4096,
+    max_length: int = 64,
+    shuffle: bool = True,
+    repeat: bool = False,
+    drop_remainder: bool = False,
+    seed: int = 0,
+) -> tf.data.Dataset:
+    """Batches of `({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T))`, int32.
+
+    Args:
+        pairs: `(source, target)` sentence pairs.
+        tokenizer: A `Tokenizer` shared by both sides.
+        batch_tokens: Token budget per batch and side: a batch padded to length L
+            holds `batch_tokens // L` pairs. Defaults to `4096`.
+        max_length: Pairs whose source, or target plus one special token, is longer
+            are dropped. Defaults to `64`.
+        shuffle: Shuffle the pairs (again at every pass). Defaults to `True`.
+        repeat: Repeat forever (train by steps). Defaults to `False`.
+        drop_remainder: Drop each bucket's last incomplete batch, so every batch of a
+            bucket has the same shape. Defaults to `False`.
+        seed: Shuffle seed. Defaults to `0`.
+    """
+    if not pairs:
+        raise ValueError("Cannot make a dataset from an empty list of pairs. Received: 0 pairs")
+    lengths = bucket_lengths(max_length)
+    if batch_tokens < lengths[-1]:
+        raise ValueError(
+            f"`batch_tokens` must be at least `max_length` so that a longest pair fits "
+            f"in a batch. Received: batch_tokens={batch_tokens}, max_length={max_length}"
+        )
+    sources = tf.constant([s for s, _ in pairs], tf.string)
+    targets = tf.constant([t for _, t in pairs], tf.string)
+    ds = tf.data.Dataset.from_tensor_slices((sources, targets))
+    if shuffle:
+        ds = ds.shuffle(len(pairs), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+
+    def tokenize(src, tgt):
+        return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
+
+    def to_example(src, tgt):
+        src = tf.cast(src, tf.int32)
+        tgt = tf.cast(tgt, tf.int32)
+        decoder_input = tf.concat([[START_ID], tgt], axis=0)
+        labels = tf.concat([tgt, [END_ID]], axis=0)
+        return src, decoder_input, labels
+
+    def short_enough(src, decoder_input, labels):
+        return tf.logical_and(tf.size(src) <= max_length, tf.size(labels) <= max_length)
+
+    ds = (
+        ds.batch(512)
+        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+        .map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
+        .filter(short_enough)
+    )
+    ds = ds.bucket_by_sequence_length(
+        element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
+        # A pair of length n goes to the first bucket whose padded length is >= n.
+        bucket_boundaries=[n + 1 for n in lengths[:-1]],
+        bucket_batch_sizes=[max(1, batch_tokens // n) for n in lengths],
+        padded_shapes=([None], [None], [None]),
+        padding_values=(PAD_ID, PAD_ID, PAD_ID),
+        pad_to_bucket_boundary=False,
+        drop_remainder=drop_remainder,
+    )
+
+    def pad_to_bucket(src, decoder_input, labels):
+        # Pad both sides to the bucket's length: one shape per bucket and batch size.
+        length = tf.maximum(tf.shape(src)[1], tf.shape(labels)[1])
+        target = tf.gather(tf.constant(lengths), tf.reduce_min(tf.where(tf.constant(lengths) >= length)))
+
+        def pad(x):
+            return tf.pad(x, [[0, 0], [0, target - tf.shape(x)[1]]], constant_values=PAD_ID)
+
+        return {"source_ids": pad(src), "target_ids": pad(decoder_input)}, pad(labels)
+
+    ds = ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
+    if not repeat:
+        # Bucketing hides the number of batches; count them once so that Keras knows
+        # the length (progress bars, and no "ran out of data" warning at the end).
+        batches = int(ds.reduce(0, lambda count, _: count + 1))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
+    return ds.prefetch(tf.data.AUTOTUNE)

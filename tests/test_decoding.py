@@ -1,0 +1,124 @@
+"""Greedy and beam search: equal to each other at beam 1, exact against enumeration on a
+tiny model, and the KV cache changes nothing but speed."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import decoding
+from tests.conftest import randomize_weights, to_numpy
+
+V = 7  # ids 0..3 reserved; the searches never emit [PAD]=0 or [START]=2
+
+
+def _model(seed=0, scale=0.6):
+    model = kt.models.Transformer(vocab_size=V, num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+    model.build()
+    randomize_weights(model, seed, scale=scale)
+    return model
+
+
+def _source():
+    return np.array([[4, 5, 6, 1], [6, 6, 4, 0], [5, 0, 0, 0]], "int32")
+
+
+def _score_sequences(model, source_row, sequences, alpha):
+    """log P(y | x) / lp(|y|) for each complete sequence, by teacher forcing."""
+    n = len(sequences)
+    length = max(len(s) for s in sequences)
+    decoder_input = np.full((n, length), 4, "int32")  # filler after the end: causally invisible
+    for r, s in enumerate(sequences):
+        decoder_input[r, : len(s)] = [decoding.START_ID] + list(s[:-1])
+    logits = to_numpy(model({"source_ids": np.repeat(source_row[None], n, 0), "target_ids": decoder_input}))
+    logits[..., [decoding.PAD_ID, decoding.START_ID]] = -1e9
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    scores = []
+    for r, s in enumerate(sequences):
+        logp = sum(log_probs[r, t, tok] for t, tok in enumerate(s))
+        scores.append(logp / ((5 + len(s)) / 6) ** alpha)
+    return np.array(scores)
+
+
+def test_beam_of_one_equals_greedy():
+    # With alpha = 0 a single beam stops exactly when greedy does: once [END] is the
+    # most probable token, nothing alive can score higher.
+    model = _model()
+    greedy = to_numpy(decoding.greedy_search(model, _source(), max_length=8), "int32")
+    beam = to_numpy(decoding.beam_search(model, _source(), beam_size=1, length_penalty_alpha=0.0, max_length=8), "int32")
+    np.testing.assert_array_equal(beam, greedy)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+def test_wide_beam_finds_the_exhaustive_best(alpha):
+    model = _model(seed=3, scale=0.8)
+    max_length = 3
+    allowed = [t for t in range(V) if t not in (decoding.PAD_ID, decoding.START_ID)]
+    non_end = [t for t in allowed if t != decoding.END_ID]
+    # Every complete hypothesis: up to max_length - 1 tokens, then [END].
+    candidates = [tuple(p) + (decoding.END_ID,) for n in range(max_length) for p in itertools.product(non_end, repeat=n)]
+    source = _source()
+    tokens, scores = decoding.beam_search(
+        model, source, beam_size=len(allowed) ** max_length, length_penalty_alpha=alpha,
+        max_length=max_length, return_scores=True,
+    )
+    tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
+    for b in range(len(source)):
+        exhaustive = _score_sequences(model, source[b], candidates, alpha)
+        best = candidates[int(exhaustive.argmax())]
+        found = tuple(tokens[b, : len(best)])
+        assert found == best, (b, found, best)
+        assert scores[b] == pytest.approx(exhaustive.max(), abs=1e-4)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_cache_gives_the_same_tokens_as_rerunning_the_decoder(search):
+    model = _model(seed=5)
+    kwargs = dict(max_length=10)
+    if search == "beam":
+        fn, kwargs = decoding.beam_search, dict(kwargs, beam_size=3, return_scores=True)
+    else:
+        fn = decoding.greedy_search
+    cached = fn(model, _source(), use_cache=True, **kwargs)
+    full = fn(model, _source(), use_cache=False, **kwargs)
+    if search == "beam":
+        np.testing.assert_allclose(to_numpy(cached[1]), to_numpy(full[1]), atol=1e-4)
+        cached, full = cached[0], full[0]
+    np.testing.assert_array_equal(to_numpy(cached, "int32"), to_numpy(full, "int32"))
+
+
+def test_greedy_matches_a_plain_python_loop():
+    """Reference: call the model on the growing prefix and take the argmax."""
+    model = _model(seed=7)
+    source = _source()
+    result = to_numpy(decoding.greedy_search(model, source, max_length=6), "int32")
+    prefix = np.full((len(source), 1), decoding.START_ID, "int32")
+    done = np.zeros(len(source), bool)
+    for _ in range(6):
+        logits = to_numpy(model({"source_ids": source, "target_ids": prefix}))[:, -1]
+        logits[:, [decoding.PAD_ID, decoding.START_ID]] = -np.inf
+        nxt = np.where(done, decoding.PAD_ID, logits.argmax(-1))
+        done |= nxt == decoding.END_ID
+        prefix = np.concatenate([prefix, nxt[:, None].astype("int32")], 1)
+    np.testing.assert_array_equal(result, prefix[:, 1:])
+
+
+def test_output_shape_and_padding_after_end():
+    model = _model(seed=9)
+    out = to_numpy(decoding.beam_search(model, _source(), max_extra_length=5), "int32")
+    assert out.shape == (3, 4 + 5)  # input length + max_extra_length
+    for row in out:
+        ends = np.flatnonzero(row == decoding.END_ID)
+        if len(ends):
+            assert (row[ends[0] + 1 :] == decoding.PAD_ID).all()
+        assert decoding.START_ID not in row
+
+
+def test_bad_arguments():
+    model = _model()
+    with pytest.raises(ValueError, match="beam_size"):
+        decoding.beam_search(model, _source(), beam_size=0)
+    with pytest.raises(ValueError, match="integer"):
+        decoding.greedy_search(model, _source().astype("float32"))

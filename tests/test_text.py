@@ -1,0 +1,132 @@
+"""Tokenizer, corpora and the tf.data pipeline (TensorFlow Text under every backend)."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from keras_transformer.text import END_ID, PAD_ID, START_ID, Tokenizer, corpora
+from keras_transformer.text.datasets import bucket_lengths, make_dataset
+
+UNICODE = ["Grüße aus München, schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty-two thousand and seven"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.build(UNICODE * 5, vocab_size=300, min_frequency=1)
+
+
+def test_reserved_tokens_and_unicode_round_trip(tokenizer):
+    assert tokenizer.vocabulary[:4] == ["[PAD]", "[UNK]", "[START]", "[END]"]
+    ids = tokenizer.tokenize(UNICODE)
+    assert int(ids.flat_values.numpy().min()) >= 4  # no reserved ids from text
+    text = [t.decode("utf-8") for t in tokenizer.detokenize(ids).numpy()]
+    # Words come back whole; punctuation is split off by the basic tokenizer.
+    assert text == ["Grüße aus München , schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty - two thousand and seven"]
+    unknown = tokenizer.tokenize(["Zebra"]).flat_values.numpy().tolist()
+    assert 1 in unknown  # a letter never seen is [UNK]
+
+
+def test_lower_case_keeps_umlauts():
+    tok = Tokenizer.build(["ÄPFEL und Öl"], vocab_size=100, lower_case=True, min_frequency=1)
+    assert tok.detokenize_dense(tok.tokenize_dense(["ÄPFEL und Öl"])) == ["äpfel und öl"]
+
+
+def test_save_and_load(tokenizer, tmp_path):
+    tokenizer.save(tmp_path / "tok")
+    loaded = Tokenizer.load(tmp_path / "tok")
+    assert loaded.vocabulary == tokenizer.vocabulary and loaded.lower_case is False
+    np.testing.assert_array_equal(
+        loaded.tokenize_dense(UNICODE).numpy(), tokenizer.tokenize_dense(UNICODE).numpy()
+    )
+
+
+def test_tensorflow_text_learner_gives_the_same_format():
+    tok = Tokenizer.build(["the cat sat", "the cats sat down"] * 20, vocab_size=40, learner="tensorflow-text")
+    assert tok.vocabulary[:4] == ["[PAD]", "[UNK]", "[START]", "[END]"]
+    assert tok.detokenize_dense(tok.tokenize_dense(["the cats sat"])) == ["the cats sat"]
+
+
+def test_tokenizer_bad_input():
+    with pytest.raises(ValueError, match="at least 5.*vocab_size=4"):
+        Tokenizer.build(["a b c"], vocab_size=4)
+    with pytest.raises(ValueError, match="empty corpus"):
+        Tokenizer.build([], vocab_size=100)
+    with pytest.raises(ValueError, match="reserved tokens"):
+        Tokenizer(["a", "b", "c", "d", "e"])
+
+
+def test_numbers_corpus_is_deterministic_and_splits_are_disjoint():
+    a = corpora.numbers_corpus(train_size=2000, validation_size=200, test_size=200)
+    b = corpora.numbers_corpus(train_size=2000, validation_size=200, test_size=200)
+    assert a.train == b.train and a.test == b.test
+    assert (len(a.train), len(a.validation), len(a.test)) == (2000, 200, 200)
+    train, val, test = ({s for s, _ in split} for split in (a.train, a.validation, a.test))
+    assert not (train & val) and not (train & test) and not (val & test)
+    pairs = dict(a.train)
+    assert pairs["forty-two"] == "zweiundvierzig" and pairs["seventeen"] == "siebzehn"
+    other = corpora.numbers_corpus(train_size=2000, validation_size=200, test_size=200, seed=1)
+    assert other.test != a.test
+
+
+def test_parallel_files_gzip_and_empty_lines(tmp_path):
+    src, tgt = tmp_path / "train.en.gz", tmp_path / "train.de"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("a house\n\nthe cat\n")
+    tgt.write_text("ein Haus\nleer\ndie Katze\n", encoding="utf-8")
+    pairs, skipped = corpora.read_parallel_files(src, tgt)
+    assert pairs == [("a house", "ein Haus"), ("the cat", "die Katze")] and skipped == 1
+
+
+def test_parallel_files_errors_name_files_counts_and_lines(tmp_path):
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("a\nb\nc\n")
+    tgt.write_text("x\ny\n")
+    with pytest.raises(corpora.CorpusError, match=r"s.txt has 3 lines, .*t.txt has 2 lines"):
+        corpora.read_parallel_files(src, tgt)
+    with pytest.raises(corpora.CorpusError, match=r"File not found: .*missing.txt"):
+        corpora.read_parallel_files(src, tmp_path / "missing.txt")
+    tgt.write_bytes(b"x\ny\n\xff\xfe broken\n")
+    with pytest.raises(corpora.CorpusError, match=r"t.txt, line 3: not valid UTF-8"):
+        corpora.read_parallel_files(src, tgt)
+
+
+def test_tsv_reader(tmp_path):
+    path = tmp_path / "deu.tsv"
+    path.write_text("Hi.\tHallo!\tCC-BY 2.0 (France) Attribution\n\nRun!\tLauf!\n", encoding="utf-8")
+    pairs, skipped = corpora.read_tsv(path)
+    assert pairs == [("Hi.", "Hallo!"), ("Run!", "Lauf!")] and skipped == 1
+    path.write_text("Hi.\tHallo!\nno tab here\n", encoding="utf-8")
+    with pytest.raises(corpora.CorpusError, match=r"deu.tsv, line 2: .*no tab"):
+        corpora.read_tsv(path)
+
+
+def test_split_pairs_refuses_empty_corpus():
+    with pytest.raises(corpora.CorpusError, match="empty"):
+        corpora.split_pairs([], holdout=10)
+
+
+def test_dataset_teacher_forcing_and_token_budget():
+    corpus = corpora.numbers_corpus(train_size=1000, validation_size=10, test_size=10)
+    texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
+    tok = Tokenizer.build(texts, vocab_size=400, min_frequency=2)
+    ds = make_dataset(corpus.train, tok, batch_tokens=512, max_length=32, shuffle=False, seed=0)
+    seen = 0
+    for inputs, labels in ds:
+        src, dec, lab = inputs["source_ids"].numpy(), inputs["target_ids"].numpy(), labels.numpy()
+        assert src.shape[1] == dec.shape[1] == lab.shape[1] in bucket_lengths(32)
+        assert src.shape[0] * src.shape[1] <= 512
+        assert (dec[:, 0] == START_ID).all()
+        for d, l in zip(dec, lab):
+            n = int((l != PAD_ID).sum())
+            assert l[n - 1] == END_ID and (d[1:n] == l[: n - 1]).all() and (d[n:] == PAD_ID).all()
+        seen += src.shape[0]
+    assert seen == 1000  # nothing longer than 32 tokens in this corpus, nothing dropped
+
+
+def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
+    pairs = [("forty - two", "I pizza")] * 3 + [(" ".join(["pizza"] * 40), "I")]
+    ds = make_dataset(pairs, tokenizer, batch_tokens=64, max_length=16, shuffle=False)
+    assert sum(int(x["source_ids"].shape[0]) for x, _ in ds) == 3
+    with pytest.raises(ValueError, match="batch_tokens=8, max_length=16"):
+        make_dataset(pairs, tokenizer, batch_tokens=8, max_length=16)

@@ -1,0 +1,107 @@
+"""Loss, metrics, schedule and checkpoint callbacks of the paper's recipe."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import callbacks as kt_callbacks
+from tests.conftest import to_numpy
+
+
+def _logits_and_labels(seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(3, 5, 7)).astype("float32") * 2
+    labels = rng.integers(1, 7, size=(3, 5)).astype("int32")
+    labels[0, 3:] = 0
+    labels[2, 1:] = 0
+    return logits, labels
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_loss_equals_keras_smoothed_crossentropy_on_real_tokens(epsilon):
+    logits, labels = _logits_and_labels()
+    ours = float(to_numpy(kt.losses.LabelSmoothedCrossEntropy(epsilon=epsilon)(labels, logits)))
+    real = labels != 0
+    keras_loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=epsilon)
+    expected = float(to_numpy(keras_loss(np.eye(7, dtype="float32")[labels[real]], logits[real])))
+    assert ours == pytest.approx(expected, rel=1e-5)
+    # Padding never matters: change the logits there and nothing moves.
+    changed = logits.copy()
+    changed[~real] = 100.0
+    assert float(to_numpy(kt.losses.LabelSmoothedCrossEntropy(epsilon=epsilon)(labels, changed))) == pytest.approx(ours, rel=1e-6)
+
+
+def test_masked_accuracy_and_perplexity():
+    logits, labels = _logits_and_labels(1)
+    real = labels != 0
+    acc = kt.metrics.MaskedAccuracy()
+    acc.update_state(labels, logits)
+    assert float(to_numpy(acc.result())) == pytest.approx((logits.argmax(-1) == labels)[real].mean())
+    ppl = kt.metrics.Perplexity()
+    ppl.update_state(labels, logits)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0][real].mean()
+    assert float(to_numpy(ppl.result())) == pytest.approx(np.exp(nll), rel=1e-5)
+
+
+def test_schedule_formula_and_peak():
+    d_model, warmup = 512, 4000
+    schedule = kt.schedules.TransformerSchedule(d_model, warmup)
+    steps = np.arange(0, 20000, 7)
+    rates = to_numpy(schedule(steps))
+    paper_steps = steps + 1
+    expected = d_model**-0.5 * np.minimum(paper_steps**-0.5, paper_steps * warmup**-1.5)
+    np.testing.assert_allclose(rates, expected, rtol=1e-5)
+    dense = to_numpy(schedule(np.arange(0, 8000)))
+    assert int(dense.argmax()) + 1 == warmup  # peaks at paper step = warmup_steps
+    restored = kt.schedules.TransformerSchedule.from_config(schedule.get_config())
+    assert float(to_numpy(restored(123))) == pytest.approx(float(to_numpy(schedule(123))))
+
+
+def test_paper_optimizer():
+    opt = kt.schedules.transformer_optimizer(256, warmup_steps=100)
+    assert (opt.beta_1, opt.beta_2, opt.epsilon) == (0.9, 0.98, 1e-9)
+    schedule = opt.get_config()["learning_rate"]
+    assert schedule["config"] == {"d_model": 256, "warmup_steps": 100, "scale": 1.0}
+
+
+def _compiled_model():
+    model = kt.models.Transformer(vocab_size=11, num_layers=1, d_model=8, num_heads=2, d_ff=16)
+    model.compile(optimizer=kt.schedules.transformer_optimizer(8, 10), loss=kt.losses.LabelSmoothedCrossEntropy())
+    model.build()
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = {"source_ids": rng.integers(4, 11, (16, 5)).astype("int32"), "target_ids": rng.integers(4, 11, (16, 5)).astype("int32")}
+    return x, rng.integers(4, 11, (16, 5)).astype("int32")
+
+
+def test_checkpoint_averager_averages_the_last_k(tmp_path):
+    model = _compiled_model()
+    averager = kt_callbacks.CheckpointAverager(tmp_path, num_checkpoints=3)
+    snapshots = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            snapshots.append([to_numpy(w) for w in self.model.weights])
+
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=5, verbose=0, callbacks=[Record(), averager])
+    assert [p.name for p in averager.checkpoints()] == [f"checkpoint_{i:06d}.npz" for i in (3, 4, 5)]
+    for w, a, b, c in zip(model.weights, *snapshots[-3:]):
+        np.testing.assert_allclose(to_numpy(w), (a + b + c) / 3, atol=1e-6)
+
+
+def test_training_state_restores_weights_optimizer_and_epoch(tmp_path):
+    model = _compiled_model()
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[kt_callbacks.TrainingState(tmp_path)])
+    assert not list(tmp_path.glob("*.tmp"))
+    fresh = _compiled_model()
+    assert kt_callbacks.TrainingState.restore(fresh, tmp_path) == 2
+    assert int(to_numpy(fresh.optimizer.iterations)) == 4
+    for a, b in zip(model.weights + model.optimizer.variables, fresh.weights + fresh.optimizer.variables):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b))
