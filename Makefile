@@ -1,6 +1,11 @@
 # keras-transformer: the commands the README shows.
+#   make demo   create .venv, install the project, and run the main job: train the tiny
+#               preset on the numbers corpus, report BLEU and exact match with beam search,
+#               export a SavedModel to artifacts/ and translate with it
+#               (KERAS_BACKEND=jax|torch|tensorflow picks the backend; TensorFlow if unset)
 #   make test   create .venv, install the project with its dev extra, run the tests on
 #               TensorFlow, JAX and PyTorch (one pytest run per backend)
+#   make bench  the side-by-side benchmarks (JSON in benchmarks/results/)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +15,7 @@ PYTEST_ARGS ?=
 # constraints.txt pins torch to the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 
-.PHONY: install test clean
+.PHONY: install demo test bench clean
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +24,9 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed-dev
+
+demo: install
+	$(VENV)/bin/keras-transformer demo --output-dir artifacts
 
 test: install
 	@status=0; \
@@ -29,6 +37,9 @@ test: install
 		echo "=== $$backend: $$(( $$(date +%s) - start )) s ==="; \
 	done; \
 	exit $$status
+
+bench: install
+	$(PY) benchmarks/decode.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache site

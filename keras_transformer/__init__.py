@@ -11,13 +11,14 @@ from keras_transformer import callbacks, decoding, layers, losses, metrics, mode
 __version__ = "0.1.0"
 
 __all__ = [
-    "callbacks", "decoding", "layers", "losses", "metrics", "models", "ops", "schedules", "text",
+    "callbacks", "decoding", "layers", "losses", "metrics", "models", "ops", "schedules", "text", "export",
     "__version__",
 ]
 
 
 def __getattr__(name):
-    # `text` needs TensorFlow and TensorFlow Text (the `text` extra): import it on use.
-    if name == "text":
-        return importlib.import_module("keras_transformer.text")
+    # `text` and `export` need TensorFlow and TensorFlow Text (the `text` extra):
+    # import them on use.
+    if name in ("text", "export"):
+        return importlib.import_module(f"keras_transformer.{name}")
     raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")

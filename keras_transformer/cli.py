@@ -85,6 +85,212 @@ def _run_train(args) -> int:
     return 0
 
 
+def _decoding_flags(p) -> None:
+    p.add_argument("--beam-size", type=int, default=4, help="Beam size (1: greedy).")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="alpha of ((5 + |Y|) / 6)^alpha.")
+    p.add_argument("--batch-size", type=int, default=64, help="Sentences decoded together.")
+
+
+def _evaluate_parser(sub) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="BLEU, chrF and exact match of a trained run on held-out data.",
+        description="Translate a held-out split with beam search and score it with sacreBLEU "
+                    "(corpus BLEU and chrF, signatures printed) and exact match.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="Which split of the run's corpus to translate.")
+    p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
+    p.add_argument("--target-file", help="... with these references.")
+    p.add_argument("--limit", type=int, help="Only the first N sentences.")
+    p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
+    _decoding_flags(p)
+    p.set_defaults(handler=_run_evaluate)
+
+
+def _run_evaluate(args) -> int:
+    import json
+
+    from keras_transformer import evaluation
+    from keras_transformer.training import TrainConfig, load_corpus
+    from keras_transformer.text import corpora
+
+    model, tokenizer = evaluation.load_run(args.run_dir)
+    if args.source_file or args.target_file:
+        try:
+            pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
+        except (corpora.CorpusError, TypeError) as e:
+            raise evaluation.RunDirError(str(e) if isinstance(e, corpora.CorpusError) else
+                                         "--source-file and --target-file must be given together.") from None
+        name = "files"
+    else:
+        config_file = os.path.join(args.run_dir, "config.json")
+        config = TrainConfig(**json.load(open(config_file, encoding="utf-8")))
+        pairs = getattr(load_corpus(config), args.split)
+        name = args.split
+    pairs = pairs[: args.limit] if args.limit else pairs
+    hypotheses = evaluation.translate_texts(
+        model, tokenizer, [s for s, _ in pairs], args.beam_size, args.length_penalty, args.batch_size
+    )
+    scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
+    out = args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{name}.txt")
+    evaluation.write_lines(out, hypotheses)
+    print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['chrf_signature']}")
+    print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  exact match {scores['exact_match']:.2%} "
+          f"on {scores['sentences']} sentences ({name}); hypotheses in {out}")
+    print(evaluation.dumps(scores))
+    return 0
+
+
+def _translate_parser(sub) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="Translate sentences given as arguments or on standard input.",
+        description="Translate each TEXT argument, or each line of standard input when none is "
+                    "given; one translation per line on standard output.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT")
+    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    _decoding_flags(p)
+    p.set_defaults(handler=_run_translate)
+
+
+def _run_translate(args) -> int:
+    from keras_transformer import evaluation
+
+    model, tokenizer = evaluation.load_run(args.run_dir)
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    for start in range(0, len(texts), args.batch_size * 4):
+        chunk = texts[start : start + args.batch_size * 4]
+        for line in evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size):
+            print(line, flush=True)
+    return 0
+
+
+def _export_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="Write a SavedModel that translates strings to strings.",
+        description="Export a training run as a TensorFlow SavedModel whose `translate` signature "
+                    "maps a batch of strings to a batch of strings (tokenizer, beam search and "
+                    "detokenizer inside). Runs the TensorFlow backend in a child process when "
+                    "KERAS_BACKEND is jax or torch.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--length-penalty", type=float, default=0.6)
+    p.set_defaults(handler=_run_export)
+
+
+def _run_export(args) -> int:
+    from keras_transformer import evaluation, export
+
+    model, tokenizer = evaluation.load_run(args.run_dir)
+    export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
+    print(f"SavedModel written to {args.output}")
+    print(serving_instructions(args.output))
+    return 0
+
+
+def serving_instructions(path) -> str:
+    path = os.path.abspath(path)
+    return f"""Serve it:
+  saved_model_cli show --dir {path} --tag_set serve --signature_def translate
+  docker run -p 8501:8501 -v {path}:/models/translator/1 -e MODEL_NAME=translator tensorflow/serving
+  curl -d '{{"signature_name": "translate", "instances": ["forty-two"]}}' http://localhost:8501/v1/models/translator:predict
+Or in Python (no keras_transformer needed):
+  import tensorflow as tf, tensorflow_text
+  translate = tf.saved_model.load("{path}").signatures["translate"]
+  translate(texts=tf.constant(["forty-two"]))["translation"]"""
+
+
+_RELOAD = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the tokenizer's ops
+translate = tf.saved_model.load(sys.argv[1]).signatures["translate"]
+out = translate(texts=tf.constant(json.loads(sys.argv[2])))["translation"].numpy()
+print(json.dumps([t.decode("utf-8") for t in out], ensure_ascii=False))
+"""
+
+
+def _demo_parser(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="The whole job on the built-in numbers corpus: train, evaluate, export, serve.",
+        description="Build the numbers corpus (English -> German), train the tiny preset, report "
+                    "held-out BLEU and exact match with beam search, export the SavedModel, reload "
+                    "it with plain tf.saved_model.load and translate held-out numbers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
+    p.add_argument("--eval-size", type=int, default=1000, help="Held-out sentences to translate and score.")
+    p.add_argument("--steps", type=int, help="Training steps, for a quick look. [default: as `train`]")
+    p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
+    p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
+    p.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args) -> int:
+    import json
+    import pathlib
+    import subprocess
+    import time
+
+    import keras
+
+    from keras_transformer import evaluation, export
+    from keras_transformer.training import TrainConfig, load_corpus, train
+
+    start = time.time()
+    out = pathlib.Path(args.output_dir)
+    config = TrainConfig()
+    if args.steps:
+        config.steps = args.steps
+        config.steps_per_epoch = min(config.steps_per_epoch, args.steps)
+    if args.train_size:
+        config.train_size = args.train_size
+    print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend)", flush=True)
+    train(config, out / "run", verbose=2 if args.quiet else "auto")
+    model, tokenizer = evaluation.load_run(out / "run")
+    test = load_corpus(config).test[: args.eval_size]
+    print(f"== 2/4 translate {len(test)} held-out numbers with beam search (beam 4, alpha 0.6)", flush=True)
+    t = time.time()
+    hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in test])
+    decode_seconds = time.time() - t
+    scores = evaluation.score(hypotheses, [r for _, r in test], tokenizer)
+    evaluation.write_lines(out / "hypotheses.test.txt", hypotheses)
+    print(f"sacreBLEU {scores['bleu_signature']}")
+    print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  exact match {scores['exact_match']:.2%} "
+          f"({decode_seconds:.0f} s)", flush=True)
+    print(f"== 3/4 export the SavedModel to {out / 'translator'}", flush=True)
+    export.export_translator(model, tokenizer, out / "translator")
+    print("== 4/4 reload it with plain tf.saved_model.load (no keras_transformer) and translate", flush=True)
+    samples = test[:5]
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD, str(out / "translator"), json.dumps([s for s, _ in samples])],
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    if result.returncode != 0:
+        print(result.stderr[-3000:], file=sys.stderr)
+        return 1
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    for (source, reference), translation in zip(samples, served):
+        mark = "ok" if translation == reference else f"expected {reference}"
+        print(f"  {source}  ->  {translation}   [{mark}]")
+    summary = dict(scores, backend=keras.backend.backend(), wall_seconds=round(time.time() - start, 1),
+                   decode_seconds=round(decode_seconds, 1))
+    (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(serving_instructions(out / "translator"))
+    print(f"done in {summary['wall_seconds']:.0f} s; summary in {out / 'demo.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -93,16 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub)
+    _evaluate_parser(sub)
+    _translate_parser(sub)
+    _export_parser(sub)
+    _demo_parser(sub)
     return parser
 
 
 def main(argv=None) -> int:
+    from keras_transformer.evaluation import RunDirError
     from keras_transformer.training import RunError
 
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except RunError as e:
+    except (RunError, RunDirError) as e:
         print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
         return 2
 

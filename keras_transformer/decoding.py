@@ -32,18 +32,27 @@ def _prepare(model, source_ids, max_length, max_extra_length):
     source_ids = ops.convert_to_tensor(source_ids)
     if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
         raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
+    if len(source_ids.shape) != 2:
+        raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
     source_ids = ops.cast(source_ids, "int32")
     if max_length is None:
         max_length = source_ids.shape[1] + max_extra_length
     return source_ids, int(max_length)
 
 
-def _step_fn(model, encoded, source_mask, use_cache):
+def beam_search_graph(model, source_ids, beam_size: int = 4, length_penalty_alpha: float = 0.6, max_extra_length=50):
+    """`beam_search` for tracing with unknown shapes (the exported SavedModel): the
+    maximum length `S + max_extra_length` is computed at run time. Returns `(tokens, scores)`."""
+    max_length = ops.shape(source_ids)[1] + max_extra_length
+    return _beam(model, max_length, True, 0, beam_size, float(length_penalty_alpha), source_ids)
+
+
+def _step_fn(model, encoded, source_mask, use_cache, min_length=0):
     """One decoder step at `index`: `(N, 1 + L)` token buffer -> `(N, V)` log-probabilities.
 
     With the cache, only the token at `index` goes through the decoder; without it, the
     whole buffer does (causally masked), which is what the cache saves. `[PAD]` and
-    `[START]` are never produced.
+    `[START]` are never produced, nor `[END]` before `min_length` tokens.
     """
     cross_caches = model.decoder.compute_cross_attention_cache(encoded) if use_cache else None
 
@@ -66,6 +75,7 @@ def _step_fn(model, encoded, source_mask, use_cache):
             logits = ops.take(model.project(y), index, axis=1)
         vocab = ops.arange(ops.shape(logits)[-1])
         banned = ops.logical_or(vocab == PAD_ID, vocab == START_ID)
+        banned = ops.logical_or(banned, ops.logical_and(vocab == END_ID, index + 1 < min_length))
         logits = ops.where(banned[None, :], _NEG_INF, logits)
         return ops.log_softmax(logits, axis=-1), caches
 
@@ -73,7 +83,12 @@ def _step_fn(model, encoded, source_mask, use_cache):
 
 
 def greedy_search(
-    model, source_ids, max_length: int | None = None, max_extra_length: int = 50, use_cache: bool = True
+    model,
+    source_ids,
+    max_length: int | None = None,
+    max_extra_length: int = 50,
+    use_cache: bool = True,
+    min_length: int = 0,
 ):
     """Pick the most probable next token at every step, with the KV cache.
 
@@ -84,13 +99,14 @@ def greedy_search(
         max_extra_length: Defaults to `50` (the paper's "input length + 50").
         use_cache: Use the KV cache. `False` re-runs the decoder over the whole prefix
             at every step (same tokens, slower: for checks and benchmarks).
+        min_length: No `[END]` before this many tokens. Defaults to `0`.
 
     Returns:
         Integer `(B, max_length)`: each row is the output tokens, `[END]` (if emitted in
         time) and then padding. `[START]` is not included.
     """
     source_ids, max_length = _prepare(model, source_ids, max_length, max_extra_length)
-    return _compiled("greedy", model, max_length, bool(use_cache))(source_ids)
+    return _compiled("greedy", model, max_length, bool(use_cache), int(min_length))(source_ids)
 
 
 def beam_search(
@@ -102,6 +118,7 @@ def beam_search(
     max_extra_length: int = 50,
     return_scores: bool = False,
     use_cache: bool = True,
+    min_length: int = 0,
 ):
     """Beam search with the GNMT length penalty and early stopping, with the KV cache.
 
@@ -114,6 +131,7 @@ def beam_search(
         max_extra_length: Defaults to `50`.
         return_scores: Also return the `(B,)` score `log P / lp` of each result.
         use_cache: Use the KV cache. Defaults to `True`.
+        min_length: No `[END]` before this many tokens. Defaults to `0`.
 
     Returns:
         Integer `(B, max_length)`: the best hypothesis per input (tokens, `[END]`, then
@@ -122,15 +140,15 @@ def beam_search(
     if beam_size < 1:
         raise ValueError(f"`beam_size` must be >= 1. Received: beam_size={beam_size}")
     source_ids, max_length = _prepare(model, source_ids, max_length, max_extra_length)
-    fn = _compiled("beam", model, max_length, bool(use_cache), beam_size, float(length_penalty_alpha))
+    fn = _compiled("beam", model, max_length, bool(use_cache), int(min_length), beam_size, float(length_penalty_alpha))
     tokens, scores = fn(source_ids)
     return (tokens, scores) if return_scores else tokens
 
 
-def _greedy(model, max_length, use_cache, source_ids):
+def _greedy(model, max_length, use_cache, min_length, source_ids):
     batch = ops.shape(source_ids)[0]
     encoded, source_mask = model.encode(source_ids)
-    step = _step_fn(model, encoded, source_mask, use_cache)
+    step = _step_fn(model, encoded, source_mask, use_cache, min_length)
     caches = model.decoder.init_cache(batch, max_length, dtype=encoded.dtype)
     tokens = ops.concatenate(
         [ops.full((batch, 1), START_ID, "int32"), ops.zeros((batch, max_length), "int32")], axis=1
@@ -152,13 +170,13 @@ def _greedy(model, max_length, use_cache, source_ids):
     return tokens[:, 1:]
 
 
-def _beam(model, max_length, use_cache, beam_size, alpha, source_ids):
+def _beam(model, max_length, use_cache, min_length, beam_size, alpha, source_ids):
     batch = ops.shape(source_ids)[0]
     k = beam_size
     # Every input is decoded as k rows: (B, S) -> (B * k, S).
     flat_source = ops.repeat(source_ids, k, axis=0)
     encoded, source_mask = model.encode(flat_source)
-    step = _step_fn(model, encoded, source_mask, use_cache)
+    step = _step_fn(model, encoded, source_mask, use_cache, min_length)
     caches = model.decoder.init_cache(batch * k, max_length, dtype=encoded.dtype)
 
     sequences = ops.concatenate(
@@ -170,14 +188,20 @@ def _beam(model, max_length, use_cache, beam_size, alpha, source_ids):
     finished_score = ops.full((batch, k), _NEG_INF, "float32")
 
     def gather_beams(x, indices):
-        # x: (B, k, ...) gathered by indices (B, m) along axis 1.
-        return ops.take_along_axis(x, ops.reshape(indices, (batch, -1) + (1,) * (len(x.shape) - 2)), axis=1)
+        # x: (B, k, ...) gathered by indices (B, m) along axis 1. The static m is restored
+        # explicitly: traced with unknown lengths (export), the loop needs fixed beam axes.
+        m, rank = indices.shape[1], len(x.shape)
+        out = ops.take_along_axis(x, ops.reshape(indices, (batch, m) + (1,) * (rank - 2)), axis=1)
+        tail = [x.shape[d] if x.shape[d] is not None else ops.shape(x)[d] for d in range(2, rank)]
+        return ops.reshape(out, [batch, m] + tail)
 
     def gather_cache(c, indices):
-        # c: (B * k, L, h, d); rows b*k + j are reordered by indices (B, k).
-        c = ops.reshape(c, (batch, k) + tuple(c.shape[1:]))
+        # c: (B * k, L, h, d); rows b*k + j are reordered by indices (B, k). Shapes are
+        # read at run time: L is unknown when exporting for inputs of any length.
+        shape = ops.shape(c)
+        c = ops.reshape(c, (batch, k, -1))
         c = gather_beams(c, indices)
-        return ops.reshape(c, (batch * k,) + tuple(c.shape[2:]))
+        return ops.reshape(c, shape)
 
     def cond(i, sequences, alive_logp, caches, finished_seq, finished_score):
         # The best a live hypothesis can still score: its log-probability only falls,

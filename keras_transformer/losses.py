@@ -30,8 +30,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     >>> import numpy as np
     >>> loss = LabelSmoothedCrossEntropy(epsilon=0.0)
     >>> logits = np.log(np.array([[[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]], "float32"))
-    >>> round(float(loss(np.array([[1, 0]]), logits)), 4)  # only the first label counts
-    0.6931
+    >>> round(float(loss(np.array([[1, 0]]), logits)), 4)  # label 0 is padding: -log(0.25)
+    1.3863
     """
 
     def __init__(self, epsilon: float = 0.1, pad_id: int = 0, name: str = "label_smoothed_cross_entropy", **kwargs):

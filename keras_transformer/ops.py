@@ -18,6 +18,8 @@ from keras import ops
 
 __all__ = [
     "scaled_dot_product_attention",
+    "windowed_attention",
+    "band_mask",
     "padding_mask",
     "causal_mask",
     "combine_masks",
@@ -165,6 +167,104 @@ def scaled_dot_product_attention(
     if return_attention_scores:
         return outputs, weights
     return outputs
+
+
+def check_window(window, where: str = "keras_transformer") -> None:
+    """Refuse a restricted-attention window that is not an integer >= 1 (or None)."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(
+            f"{where}: `window` must be an integer >= 1 (the distance r of restricted "
+            f"self-attention) or None. Received: window={window!r}"
+        )
+
+
+def band_mask(query_length, key_length, window: int, causal: bool = False, offset=0):
+    """Restricted attention's mask: query `i` may attend to key `j` iff `|i + offset - j| <= window`
+    (and `j <= i + offset` if `causal`). Shape `(T_q, T_k)`.
+
+    Example:
+
+    >>> from keras import ops
+    >>> ops.convert_to_numpy(band_mask(4, 4, window=1)).astype(int).tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    q_pos = ops.arange(query_length, dtype="int32") + ops.cast(offset, "int32")
+    k_pos = ops.arange(key_length, dtype="int32")
+    distance = ops.expand_dims(q_pos, 1) - ops.expand_dims(k_pos, 0)  # i - j
+    mask = ops.less_equal(ops.abs(distance), window)
+    if causal:
+        mask = ops.logical_and(mask, ops.greater_equal(distance, 0))
+    return mask
+
+
+def windowed_attention(query, key, value, window: int, key_mask=None, causal: bool = False,
+                       dropout: float = 0.0, training=None, seed=None):
+    """Restricted self-attention (paper, Table 1): each query attends to keys within `window`.
+
+    Computed block-wise so that no `(T, T)` tensor is formed: the sequence is cut into
+    blocks of `window` positions, and the queries of block m attend to the keys of blocks
+    m - 1, m and m + 1 (`3 * window` keys), masked to the band `|i - j| <= window`. Time
+    and memory grow as O(n * r * d) instead of O(n^2 * d). The result equals
+    `scaled_dot_product_attention` under `band_mask`.
+
+    Args:
+        query, key, value: `(B, T, h, d)`, the same length T (self-attention).
+        window: r >= 1.
+        key_mask: Optional boolean `(B, T)` key padding mask.
+        causal: Also forbid keys after the query. Defaults to `False`.
+        dropout, training, seed: Dropout on the attention weights.
+
+    Returns:
+        `(B, T, h, d_v)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(size=(1, 10, 2, 4)).astype("float32")
+    >>> tuple(windowed_attention(x, x, x, window=3).shape)
+    (1, 10, 2, 4)
+    """
+    if window is None:
+        raise ValueError("`window` must be an integer >= 1. Received: window=None")
+    check_window(window)
+    b = window  # block size
+    batch, length = ops.shape(query)[0], ops.shape(query)[1]
+    heads, d_k, d_v = query.shape[2], query.shape[3], value.shape[3]
+    num_blocks = (length + b - 1) // b
+    padded = num_blocks * b
+
+    def pad(x, before, after):
+        return ops.pad(x, [[0, 0], [before, after]] + [[0, 0]] * (len(x.shape) - 2))
+
+    def windows(x):
+        # (B, T, ...) -> (B, num_blocks, 3b, ...): for block m, positions [(m-1)b, (m+2)b).
+        x = pad(x, b, padded - length + b)
+        rest = tuple(x.shape[2:])
+        parts = [ops.reshape(ops.slice(x, [0, s] + [0] * len(rest), (batch, padded) + rest),
+                             (batch, num_blocks, b) + rest) for s in (0, b, 2 * b)]
+        return ops.concatenate(parts, axis=2)
+
+    q = ops.reshape(pad(query, 0, padded - length), (batch, num_blocks, b, heads, d_k))
+    k, v = windows(key), windows(value)  # (B, M, 3b, h, d)
+    valid = ops.ones((batch, length), "bool") if key_mask is None else ops.cast(key_mask, "bool")
+    valid = windows(valid)  # (B, M, 3b): False for padding and positions outside [0, T)
+
+    # Relative position of key slot k to query slot q inside a block: (k - b) - q.
+    distance = ops.arange(3 * b, dtype="int32")[None, :] - b - ops.arange(b, dtype="int32")[:, None]
+    band = ops.less_equal(ops.abs(distance), window)
+    if causal:
+        band = ops.logical_and(band, ops.less_equal(distance, 0))
+    mask = ops.logical_and(band[None, None, None], valid[:, None, :, None, :])  # (B, 1, M, b, 3b)
+
+    scores = ops.einsum("bmqhd,bmkhd->bhmqk", q, k)  # (B, h, M, b, 3b)
+    scores = ops.cast(scores, "float32") * (1.0 / math.sqrt(d_k))
+    scores = ops.where(mask, scores, _large_negative("float32"))
+    weights = ops.cast(ops.softmax(scores, axis=-1), query.dtype)
+    if dropout > 0.0 and training:
+        weights = keras.random.dropout(weights, dropout, seed=seed)
+    out = ops.einsum("bhmqk,bmkhd->bmqhd", weights, v)  # (B, M, b, h, d_v)
+    out = ops.reshape(out, (batch, padded, heads, d_v))
+    return out[:, :length]
 
 
 def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=None):

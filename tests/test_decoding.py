@@ -93,10 +93,10 @@ def test_greedy_matches_a_plain_python_loop():
     """Reference: call the model on the growing prefix and take the argmax."""
     model = _model(seed=7)
     source = _source()
-    result = to_numpy(decoding.greedy_search(model, source, max_length=6), "int32")
+    result = to_numpy(decoding.greedy_search(model, source, max_length=4), "int32")
     prefix = np.full((len(source), 1), decoding.START_ID, "int32")
     done = np.zeros(len(source), bool)
-    for _ in range(6):
+    for _ in range(4):
         logits = to_numpy(model({"source_ids": source, "target_ids": prefix}))[:, -1]
         logits[:, [decoding.PAD_ID, decoding.START_ID]] = -np.inf
         nxt = np.where(done, decoding.PAD_ID, logits.argmax(-1))

@@ -34,6 +34,11 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: Dropout rate on the attention weights. The paper applies dropout
             only to sub-layer outputs; this is an extra regulariser. Defaults to `0.0`.
         use_bias: Whether the four projections have biases. Defaults to `True`.
+        window: Restricted self-attention (paper, Table 1): each query attends only to
+            keys within this distance r, computed block-wise in O(n * r * d) time and
+            memory (see `keras_transformer.ops.windowed_attention`). Self-attention
+            only: `query` and `value` must be the same tensor. Defaults to `None`
+            (full attention).
         **kwargs: Base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -84,9 +89,11 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: int | None = None,
         dropout: float = 0.0,
         use_bias: bool = True,
+        window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        kt_ops.check_window(window, f"Layer '{self.name}'")
         if not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(
                 f"Layer '{self.name}': `num_heads` must be a positive integer. "
@@ -108,7 +115,20 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dim = value_dim
         self.dropout = dropout
         self.use_bias = use_bias
+        self.window = window
         self.seed_generator = keras.random.SeedGenerator() if dropout > 0 else None
+
+    def __call__(self, query, value=None, key=None, **kwargs):
+        # Checked here, on the caller's objects, before Keras converts the inputs.
+        if self.window is not None and (value is not query or (key is not None and key is not query)):
+            raise ValueError(
+                f"Layer '{self.name}': `window` restricts self-attention, where a distance "
+                "between query and key positions means something; in cross-attention it "
+                "does not. Pass the same tensor as `query` and `value`. Received: "
+                f"query.shape={tuple(query.shape)}, value.shape="
+                f"{None if value is None else tuple(value.shape)}"
+            )
+        return super().__call__(query, value, key=key, **kwargs)
 
     def build(self, query_shape, value_shape, key_shape=None):
         query_shape = tuple(query_shape)
@@ -192,6 +212,21 @@ class MultiHeadAttention(keras.layers.Layer):
                 cache = (key_cache, value_cache)
                 k, v = key_cache, value_cache
 
+        if self.window is not None and cache is None:
+            if attention_mask is not None or return_attention_scores:
+                raise ValueError(
+                    f"Layer '{self.name}': with `window`, attention is computed block-wise and "
+                    "no (T_q, T_k) matrix exists, so `attention_mask` and "
+                    "`return_attention_scores` are not available; use `value_mask` for padding. "
+                    f"Received: attention_mask={attention_mask is not None}, "
+                    f"return_attention_scores={return_attention_scores}"
+                )
+            attended = kt_ops.windowed_attention(
+                q, k, v, self.window, key_mask=value_mask, causal=use_causal_mask,
+                dropout=self.dropout, training=training, seed=self.seed_generator,
+            )
+            return self._merge_heads(attended)
+
         mask = self._attention_mask(
             q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
         )
@@ -207,10 +242,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if return_attention_scores:
             attended, weights = attended
-        # (B, T_q, h, d_v) -> (B, T_q, h * d_v) -> (B, T_q, d_model)
-        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
-        attended = ops.reshape(attended, (batch, length, self.num_heads * self._value_dim))
-        outputs = self.output_dense(attended)
+        outputs = self._merge_heads(attended)
 
         results = (outputs,)
         if return_attention_scores:
@@ -228,6 +260,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "value_dim": self.value_dim,
                 "dropout": self.dropout,
                 "use_bias": self.use_bias,
+                "window": self.window,
             }
         )
         return config
@@ -278,6 +311,12 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self._split_heads(self.value_dense(value), self._value_dim)
         return k, v
 
+    def _merge_heads(self, attended):
+        # (B, T_q, h, d_v) -> (B, T_q, h * d_v) -> (B, T_q, d_model)
+        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
+        attended = ops.reshape(attended, (batch, length, self.num_heads * self._value_dim))
+        return self.output_dense(attended)
+
     def _split_heads(self, x, head_dim):
         # (B, T, h * d) -> (B, T, h, d)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
@@ -308,8 +347,11 @@ class MultiHeadAttention(keras.layers.Layer):
             # Only positions written so far are valid keys: j < cache_index + T_q.
             filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len
             masks.append(ops.reshape(filled, (1, 1, 1, k_len)))
+        offset = 0 if cache_index is None else cache_index
         if use_causal_mask:
-            offset = 0 if cache_index is None else cache_index
             causal = kt_ops.causal_mask(q_len, k_len, offset=offset)
             masks.append(ops.reshape(causal, (1, 1, q_len, k_len)))
+        if self.window is not None:  # decoding with a cache: one row of the band per query
+            band = kt_ops.band_mask(q_len, k_len, self.window, offset=offset)
+            masks.append(ops.reshape(band, (1, 1, q_len, k_len)))
         return kt_ops.combine_masks(*masks)

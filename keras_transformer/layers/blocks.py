@@ -4,8 +4,23 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformer import ops as kt_ops
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFFN
+
+
+# The arguments every block and stack shares (the stacks pass them to their blocks).
+BLOCK_ARGUMENTS = (
+    "num_heads", "d_ff", "dropout", "norm_first", "activation", "key_dim",
+    "attention_dropout", "layer_norm_epsilon", "window",
+)
+
+
+def block_config(layer) -> dict:
+    """The shared block arguments of `layer` as a serializable config."""
+    config = {name: getattr(layer, name) for name in BLOCK_ARGUMENTS}
+    config["activation"] = keras.activations.serialize(layer.activation)
+    return config
 
 
 class _Block(keras.layers.Layer):
@@ -21,6 +36,7 @@ class _Block(keras.layers.Layer):
         key_dim: int | None = None,
         attention_dropout: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
+        window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -36,6 +52,8 @@ class _Block(keras.layers.Layer):
         self.key_dim = key_dim
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
+        kt_ops.check_window(window, f"Layer '{self.name}'")
+        self.window = window
 
     def _check_input_shape(self, arg, shape):
         shape = tuple(shape)
@@ -56,11 +74,12 @@ class _Block(keras.layers.Layer):
         drop = keras.layers.Dropout(self.dropout, name=f"{prefix}_dropout", dtype=self.dtype_policy)
         return sublayer, norm, drop
 
-    def _attention(self, name):
+    def _attention(self, name, window=None):
         return MultiHeadAttention(
             self.num_heads,
             key_dim=self.key_dim,
             dropout=self.attention_dropout,
+            window=window,
             name=name,
             dtype=self.dtype_policy,
         )
@@ -86,20 +105,7 @@ class _Block(keras.layers.Layer):
         return x, extra
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "activation": keras.activations.serialize(self.activation),
-                "key_dim": self.key_dim,
-                "attention_dropout": self.attention_dropout,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
+        return {**super().get_config(), **block_config(self)}
 
 
 _BLOCK_ARGS = """
@@ -116,6 +122,10 @@ _BLOCK_ARGS = """
         attention_dropout: Dropout on attention weights (not in the paper). Defaults
             to `0.0`.
         layer_norm_epsilon: LayerNorm epsilon. Defaults to `1e-6`.
+        window: Restricted self-attention: attend only to positions within this
+            distance r (paper, Table 1), computed in O(n * r * d). Applies to
+            self-attention only, never to encoder-decoder attention. Defaults to
+            `None` (full attention).
         **kwargs: Base layer arguments (`name`, `dtype`, ...).
 """
 
@@ -151,7 +161,7 @@ class EncoderBlock(_Block):
         inputs_shape = self._check_input_shape("inputs", inputs_shape)
         # Self-attention block.
         self.self_attention, self.self_attention_norm, self.self_attention_dropout = self._sublayer(
-            "self_attention", self._attention("self_attention"), inputs_shape, value_shape=inputs_shape
+            "self_attention", self._attention("self_attention", self.window), inputs_shape, value_shape=inputs_shape
         )
         # Feed-forward block.
         self.feed_forward, self.feed_forward_norm, self.feed_forward_dropout = self._sublayer(
@@ -227,7 +237,7 @@ class DecoderBlock(_Block):
         # Masked self-attention block.
         self.self_attention, self.self_attention_norm, self.self_attention_dropout = self._sublayer(
             "self_attention",
-            self._attention("self_attention"),
+            self._attention("self_attention", self.window),
             decoder_sequence_shape,
             value_shape=decoder_sequence_shape,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
+from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock, block_config
 
 
 class _Stack(keras.layers.Layer):
@@ -24,6 +24,7 @@ class _Stack(keras.layers.Layer):
         key_dim: int | None = None,
         attention_dropout: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
+        window: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -41,6 +42,7 @@ class _Stack(keras.layers.Layer):
         self.key_dim = key_dim
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.window = window
         prefix = self.block_class.__name__.replace("Block", "").lower()
         self.blocks = [
             self.block_class(
@@ -52,6 +54,7 @@ class _Stack(keras.layers.Layer):
                 key_dim=key_dim,
                 attention_dropout=attention_dropout,
                 layer_norm_epsilon=layer_norm_epsilon,
+                window=window,
                 name=f"{prefix}_block_{i}",
                 dtype=self.dtype_policy,
             )
@@ -74,21 +77,7 @@ class _Stack(keras.layers.Layer):
         return x if self.final_norm is None else self.final_norm(x)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_layers": self.num_layers,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "norm_first": self.norm_first,
-                "activation": keras.activations.serialize(self.activation),
-                "key_dim": self.key_dim,
-                "attention_dropout": self.attention_dropout,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-            }
-        )
-        return config
+        return {**super().get_config(), "num_layers": self.num_layers, **block_config(self)}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -101,7 +90,7 @@ class Encoder(_Stack):
         d_ff: FFN inner width.
         dropout: Residual dropout. Defaults to `0.1`.
         norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation, key_dim, attention_dropout, layer_norm_epsilon: As in
+        activation, key_dim, attention_dropout, layer_norm_epsilon, window: As in
             `EncoderBlock`.
         **kwargs: Base layer arguments.
 
@@ -153,7 +142,7 @@ class Decoder(_Stack):
         d_ff: FFN inner width.
         dropout: Residual dropout. Defaults to `0.1`.
         norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation, key_dim, attention_dropout, layer_norm_epsilon: As in
+        activation, key_dim, attention_dropout, layer_norm_epsilon, window: As in
             `DecoderBlock`.
         **kwargs: Base layer arguments.
 

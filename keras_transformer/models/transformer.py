@@ -83,6 +83,8 @@ class Transformer(keras.Model):
         pad_id: int = 0,
         **kwargs,
     ):
+        # Inputs are token ids: never cast them (a float id is an error, not a float).
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if d_model % num_heads != 0:
             raise ValueError(
@@ -178,6 +180,26 @@ class Transformer(keras.Model):
             logits = self.output_projection(decoder_outputs)
         return ops.cast(logits, "float32")
 
+    def translate(self, source_ids, beam_size: int = 4, length_penalty: float = 0.6, max_extra_length: int = 50):
+        """Beam search (section 6.1): the best output ids for each source row.
+
+        Args:
+            source_ids: Integer `(B, S)`, padded with `pad_id`.
+            beam_size: Defaults to `4` (the paper). `1` is greedy decoding.
+            length_penalty: alpha of the GNMT penalty `((5 + |Y|) / 6)^alpha`.
+                Defaults to `0.6` (the paper).
+            max_extra_length: Longest output = `S + max_extra_length`. Defaults to `50`.
+
+        Returns:
+            Integer `(B, S + max_extra_length)`: output tokens, `[END]`, then padding.
+        """
+        from keras_transformer import decoding
+
+        return decoding.beam_search(
+            self, source_ids, beam_size=beam_size, length_penalty_alpha=length_penalty,
+            max_extra_length=max_extra_length,
+        )
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -197,6 +219,18 @@ class Transformer(keras.Model):
             }
         )
         return config
+
+    @property
+    def input_dtype(self):
+        """Token ids are integers (also what saved signatures are traced with)."""
+        return "int32"
+
+    def get_build_config(self):
+        # Every weight shape follows from the constructor arguments.
+        return {"from_config": True}
+
+    def build_from_config(self, config):
+        self.build()
 
     @classmethod
     def from_config(cls, config):

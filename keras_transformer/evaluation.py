@@ -1,0 +1,111 @@
+"""Translate text with a trained run and score it: corpus BLEU and chrF (sacreBLEU), exact match."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import keras
+import numpy as np
+
+from keras_transformer import decoding
+
+
+class RunDirError(Exception):
+    """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
+
+
+def load_run(run_dir):
+    """The model (`model.keras`) and tokenizer of a training run directory."""
+    run_dir = pathlib.Path(run_dir)
+    model_file = run_dir / "model.keras"
+    if not run_dir.is_dir():
+        raise RunDirError(f"No run directory at {run_dir}.")
+    return load_model_file(model_file), _load_tokenizer(run_dir / "tokenizer")
+
+
+def load_model_file(model_file):
+    model_file = pathlib.Path(model_file)
+    if not model_file.is_file():
+        raise RunDirError(f"No model at {model_file} (train first, or give a run directory that finished).")
+    try:
+        model = keras.saving.load_model(model_file)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same message
+        raise RunDirError(f"{model_file} is not a Keras model file ({type(e).__name__}: {str(e)[:200]}).") from None
+    from keras_transformer.models import Transformer
+
+    if not isinstance(model, Transformer):
+        raise RunDirError(f"{model_file} holds a {type(model).__name__}, not a keras_transformer Transformer.")
+    return model
+
+
+def _load_tokenizer(directory):
+    from keras_transformer.text import Tokenizer
+
+    try:
+        return Tokenizer.load(directory)
+    except (FileNotFoundError, ValueError) as e:
+        raise RunDirError(str(e)) from None
+
+
+def translate_texts(model, tokenizer, texts, beam_size=4, length_penalty=0.6, batch_size=64, max_extra_length=50):
+    """Translate a list of strings, batched by length; returns strings in input order."""
+    texts = list(texts)
+    ids = [tokenizer.tokenize_dense([t]).numpy()[0] if t.strip() else np.zeros(0, "int32") for t in texts]
+    ids = [row[row != 0] for row in ids]
+    order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+    results = [""] * len(texts)
+    for start in range(0, len(order), batch_size):
+        chunk = [i for i in order[start : start + batch_size] if len(ids[i])]
+        if not chunk:
+            continue
+        # Widths are rounded up to a multiple of 8: fewer shapes to compile.
+        width = -(-max(len(ids[i]) for i in chunk) // 8) * 8
+        source = np.zeros((len(chunk), width), "int32")
+        for r, i in enumerate(chunk):
+            source[r, : len(ids[i])] = ids[i]
+        if beam_size == 1:
+            out = decoding.greedy_search(model, source, max_extra_length=max_extra_length)
+        else:
+            out = decoding.beam_search(
+                model, source, beam_size=beam_size, length_penalty_alpha=length_penalty,
+                max_extra_length=max_extra_length,
+            )
+        for i, text in zip(chunk, tokenizer.detokenize_dense(keras.ops.convert_to_numpy(out))):
+            results[i] = text
+    return results
+
+
+def score(hypotheses, references, tokenizer=None) -> dict:
+    """Corpus BLEU and chrF (sacreBLEU) and exact match.
+
+    References pass through the tokenizer's round trip first (when one is given), so
+    that the detokenizer's spacing (e.g. around punctuation) is not counted as an error.
+    """
+    import sacrebleu
+
+    if tokenizer is not None:
+        references = tokenizer.detokenize_dense(tokenizer.tokenize_dense(references).numpy())
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    exact = float(np.mean([h == r for h, r in zip(hypotheses, references)])) if references else 0.0
+    return {
+        "bleu": round(bleu_score.score, 2),
+        "chrf": round(chrf_score.score, 2),
+        "exact_match": round(exact, 4),
+        "sentences": len(references),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def write_lines(path, lines) -> None:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def dumps(data) -> str:
+    return json.dumps(data, ensure_ascii=False)

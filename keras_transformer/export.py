@@ -1,0 +1,118 @@
+"""Export a trained Transformer as a TensorFlow SavedModel that translates strings.
+
+The SavedModel's signature `translate` (also `serving_default`) maps a batch of strings
+(`tf.string`, shape `[None]`) to `{"translation": tf.string [None]}`: the WordPiece
+tokenizer, the beam search (with its KV cache) and the detokenizer all run inside the
+graph, so TensorFlow Serving or `tf.saved_model.load` need nothing else (but
+`import tensorflow_text` to register its ops).
+
+A SavedModel is a TensorFlow artifact. When the running backend is JAX or PyTorch, the
+model is saved to `.keras` and exported by the TensorFlow backend in a child process:
+one artifact, whatever backend trained the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import keras
+
+
+def export_translator(model, tokenizer, path, beam_size: int = 4, length_penalty: float = 0.6,
+                      max_extra_length: int = 50) -> pathlib.Path:
+    """Write a SavedModel at `path` that translates strings to strings.
+
+    Args:
+        model: A trained `keras_transformer.models.Transformer` (any backend).
+        tokenizer: The `keras_transformer.text.Tokenizer` it was trained with.
+        path: Output directory.
+        beam_size: Defaults to `4` (the paper).
+        length_penalty: alpha of the GNMT length penalty. Defaults to `0.6` (the paper).
+        max_extra_length: Longest output = input length + this. Defaults to `50`.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if the tokenizer's vocabulary size differs from the model's.
+    """
+    if tokenizer.vocab_size != model.vocab_size:
+        raise ValueError(
+            f"The tokenizer's vocabulary has {tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {model.vocab_size}; export the tokenizer the model was trained with."
+        )
+    path = pathlib.Path(path)
+    if keras.backend.backend() == "tensorflow":
+        _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length)
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save(os.path.join(tmp, "model.keras"))
+        tokenizer.save(os.path.join(tmp, "tokenizer"))
+        export_files(os.path.join(tmp, "model.keras"), os.path.join(tmp, "tokenizer"), path,
+                     beam_size, length_penalty, max_extra_length)
+    return path
+
+
+def export_files(model_file, tokenizer_dir, path, beam_size=4, length_penalty=0.6, max_extra_length=50):
+    """Export from files (`.keras` model, tokenizer directory) with the TensorFlow backend,
+    in a child process."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    command = [
+        sys.executable, "-m", "keras_transformer.export", str(model_file), str(tokenizer_dir), str(path),
+        "--beam-size", str(beam_size), "--length-penalty", str(length_penalty),
+        "--max-extra-length", str(max_extra_length),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"Export with the TensorFlow backend failed:\n{result.stderr[-4000:]}")
+
+
+def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length):
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    def translate(texts):
+        ids = tokenizer.tokenize(texts)  # ragged (B, None) int64
+        lengths = ids.row_lengths()
+        # At least one position, so that a batch of empty strings still has a shape.
+        width = tf.maximum(tf.reduce_max(tf.concat([lengths, [0]], 0)), 1)
+        source = tf.cast(ids.to_tensor(default_value=0, shape=tf.stack([tf.size(lengths, tf.int64), width])), tf.int32)
+        tokens, _ = decoding.beam_search_graph(model, source, beam_size, length_penalty, max_extra_length)
+        text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(tf.cast(tokens, tf.int64)))
+        # An empty input translates to an empty string.
+        return {"translation": tf.where(lengths > 0, text, tf.constant(""))}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(tokenizer)
+    archive.add_endpoint("translate", translate, input_signature=[tf.TensorSpec([None], tf.string, name="texts")])
+    archive.write_out(str(path), verbose=False)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Export a .keras Transformer and its tokenizer as a SavedModel.")
+    parser.add_argument("model_file")
+    parser.add_argument("tokenizer_dir")
+    parser.add_argument("path")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument("--max-extra-length", type=int, default=50)
+    args = parser.parse_args(argv)
+    if keras.backend.backend() != "tensorflow":
+        raise SystemExit("The exporter's child process must run with KERAS_BACKEND=tensorflow.")
+    from keras_transformer.text import Tokenizer
+
+    model = keras.saving.load_model(args.model_file)
+    tokenizer = Tokenizer.load(args.tokenizer_dir)
+    export_translator(model, tokenizer, args.path, args.beam_size, args.length_penalty, args.max_extra_length)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
