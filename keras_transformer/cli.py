@@ -137,9 +137,9 @@ def _run_evaluate(args) -> int:
     scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
     out = args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{name}.txt")
     evaluation.write_lines(out, hypotheses)
-    print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['chrf_signature']}")
-    print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  exact match {scores['exact_match']:.2%} "
-          f"on {scores['sentences']} sentences ({name}); hypotheses in {out}")
+    print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}  |  {scores['chrf_signature']}")
+    print(f"BLEU {scores['bleu']:.2f}  char BLEU {scores['bleu_char']:.2f}  chrF {scores['chrf']:.2f}  "
+          f"exact match {scores['exact_match']:.2%} on {scores['sentences']} sentences ({name}); hypotheses in {out}")
     print(evaluation.dumps(scores))
     return 0
 
@@ -265,9 +265,9 @@ def _run_demo(args) -> int:
     decode_seconds = time.time() - t
     scores = evaluation.score(hypotheses, [r for _, r in test], tokenizer)
     evaluation.write_lines(out / "hypotheses.test.txt", hypotheses)
-    print(f"sacreBLEU {scores['bleu_signature']}")
-    print(f"BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  exact match {scores['exact_match']:.2%} "
-          f"({decode_seconds:.0f} s)", flush=True)
+    print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}")
+    print(f"BLEU {scores['bleu']:.2f} (one-word references have no 2-4-grams)  char BLEU {scores['bleu_char']:.2f}  "
+          f"chrF {scores['chrf']:.2f}  exact match {scores['exact_match']:.2%} ({decode_seconds:.0f} s)", flush=True)
     print(f"== 3/4 export the SavedModel to {out / 'translator'}", flush=True)
     export.export_translator(model, tokenizer, out / "translator")
     print("== 4/4 reload it with plain tf.saved_model.load (no keras_transformer) and translate", flush=True)

@@ -77,7 +77,7 @@ def translate_texts(model, tokenizer, texts, beam_size=4, length_penalty=0.6, ba
 
 
 def score(hypotheses, references, tokenizer=None) -> dict:
-    """Corpus BLEU and chrF (sacreBLEU) and exact match.
+    """Corpus BLEU (word and character level) and chrF (sacreBLEU) and exact match.
 
     References pass through the tokenizer's round trip first (when one is given), so
     that the detokenizer's spacing (e.g. around punctuation) is not counted as an error.
@@ -87,16 +87,22 @@ def score(hypotheses, references, tokenizer=None) -> dict:
     if tokenizer is not None:
         references = tokenizer.detokenize_dense(tokenizer.tokenize_dense(references).numpy())
     bleu = sacrebleu.metrics.BLEU()
+    # Word BLEU has no 2- to 4-grams in one-word sentences (German number words are single
+    # compounds) and is then 0 whatever the output; character BLEU still measures them.
+    bleu_char = sacrebleu.metrics.BLEU(tokenize="char")
     chrf = sacrebleu.metrics.CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])
+    bleu_char_score = bleu_char.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
     exact = float(np.mean([h == r for h, r in zip(hypotheses, references)])) if references else 0.0
     return {
         "bleu": round(bleu_score.score, 2),
+        "bleu_char": round(bleu_char_score.score, 2),
         "chrf": round(chrf_score.score, 2),
         "exact_match": round(exact, 4),
         "sentences": len(references),
         "bleu_signature": str(bleu.get_signature()),
+        "bleu_char_signature": str(bleu_char.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
     }
 
