@@ -112,6 +112,7 @@ def _evaluate_parser(sub) -> None:
 
 def _run_evaluate(args) -> int:
     import json
+    import pathlib
 
     from keras_transformer import evaluation
     from keras_transformer.training import TrainConfig, load_corpus
@@ -126,8 +127,8 @@ def _run_evaluate(args) -> int:
                                          "--source-file and --target-file must be given together.") from None
         name = "files"
     else:
-        config_file = os.path.join(args.run_dir, "config.json")
-        config = TrainConfig(**json.load(open(config_file, encoding="utf-8")))
+        config_file = pathlib.Path(args.run_dir) / "config.json"
+        config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
         pairs = getattr(load_corpus(config), args.split)
         name = args.split
     pairs = pairs[: args.limit] if args.limit else pairs
@@ -256,9 +257,10 @@ def _run_demo(args) -> int:
     if args.train_size:
         config.train_size = args.train_size
     print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend)", flush=True)
-    train(config, out / "run", verbose=2 if args.quiet else "auto")
+    corpus = load_corpus(config)
+    train(config, out / "run", verbose=2 if args.quiet else "auto", corpus=corpus)
     model, tokenizer = evaluation.load_run(out / "run")
-    test = load_corpus(config).test[: args.eval_size]
+    test = corpus.test[: args.eval_size]
     print(f"== 2/4 translate {len(test)} held-out numbers with beam search (beam 4, alpha 0.6)", flush=True)
     t = time.time()
     hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in test])

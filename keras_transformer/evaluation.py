@@ -51,8 +51,10 @@ def _load_tokenizer(directory):
 def translate_texts(model, tokenizer, texts, beam_size=4, length_penalty=0.6, batch_size=64, max_extra_length=50):
     """Translate a list of strings, batched by length; returns strings in input order."""
     texts = list(texts)
-    ids = [tokenizer.tokenize_dense([t]).numpy()[0] if t.strip() else np.zeros(0, "int32") for t in texts]
-    ids = [row[row != 0] for row in ids]
+    if not texts:
+        return []
+    # One tokenizer call for all texts; each row without its padding.
+    ids = [row[row != 0] for row in tokenizer.tokenize_dense(texts).numpy()]
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     results = [""] * len(texts)
     for start in range(0, len(order), batch_size):

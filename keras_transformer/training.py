@@ -144,15 +144,19 @@ def build_model(config: TrainConfig, vocab_size: int) -> Transformer:
     return model
 
 
-def train(config: TrainConfig, output_dir, verbose="auto") -> dict:
-    """Run (or resume) training; return the test metrics. Raises `RunError` on bad input."""
+def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
+    """Run (or resume) training; return the test metrics. Raises `RunError` on bad input.
+
+    `corpus` is the config's corpus when the caller has already loaded it.
+    """
     from keras_transformer.text.datasets import make_dataset
     from keras_transformer.text.tokenizer import Tokenizer
 
     config.validate()
     output_dir = pathlib.Path(output_dir)
     resuming = check_output_dir(output_dir, config)
-    corpus = load_corpus(config)  # all input errors surface before anything is written
+    if corpus is None:
+        corpus = load_corpus(config)  # all input errors surface before anything is written
     print(corpus.summary(), flush=True)
 
     output_dir.mkdir(parents=True, exist_ok=True)
