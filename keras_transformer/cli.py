@@ -293,6 +293,14 @@ def _run_demo(args) -> int:
     return 0
 
 
+# The measurement scripts own their flags: `main` hands them everything after the command.
+_CLAIMS = {"table1": "table1", "design-notes": "notes"}
+
+
+def _claims_parser(sub, command: str, help_text: str) -> None:
+    sub.add_parser(command, help=help_text + " (--help for its flags)", add_help=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -305,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     _translate_parser(sub)
     _export_parser(sub)
     _demo_parser(sub)
+    _claims_parser(sub, "table1", "Measure the paper's Table 1 (cost, sequential operations, path "
+                   "length of self-attention, restricted attention, recurrence, convolution).")
+    _claims_parser(sub, "design-notes", "Measure the paper's design notes (1/sqrt(d_k) scaling, "
+                   "dot-product vs additive attention, sinusoidal vs learned positions).")
     return parser
 
 
@@ -312,6 +324,11 @@ def main(argv=None) -> int:
     from keras_transformer.evaluation import RunDirError
     from keras_transformer.training import RunError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _CLAIMS:
+        import importlib
+
+        return importlib.import_module(f"keras_transformer.claims.{_CLAIMS[argv[0]]}").main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
