@@ -6,12 +6,12 @@ The same code runs on the TensorFlow, JAX and PyTorch backends; choose one with 
 
 import importlib
 
-from keras_transformer import callbacks, decoding, layers, losses, metrics, models, ops, schedules
+from keras_transformer import callbacks, decoding, distribution, layers, losses, metrics, models, ops, schedules
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "callbacks", "decoding", "layers", "losses", "metrics", "models", "ops", "schedules", "text", "export",
+    "callbacks", "decoding", "distribution", "layers", "losses", "metrics", "models", "ops", "schedules", "text", "export",
     "__version__",
 ]
 

@@ -243,4 +243,19 @@ class Transformer(keras.Model):
                 f"Model '{self.name}' expects a dict with keys 'source_ids' and "
                 f"'target_ids'. Received: {got}"
             )
-        return inputs["source_ids"], inputs["target_ids"]
+        return tuple(_symbolic_ids(inputs[key]) for key in ("source_ids", "target_ids"))
+
+
+def _symbolic_ids(ids):
+    """Undo one Keras behaviour: under a `tf.distribute` strategy, `fit` first builds the
+    model from a symbolic batch made by averaging the replicas' first batches, which
+    turns the ids into floats. Only shapes matter there, so in that one place (a graph
+    traced in the strategy's cross-replica context) float ids become int32. Float ids
+    anywhere else still reach `check_token_ids` and are refused."""
+    if keras.backend.backend() != "tensorflow" or "float" not in keras.backend.standardize_dtype(ids.dtype):
+        return ids
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() and not tf.executing_eagerly():
+        return tf.cast(ids, "int32")
+    return ids
