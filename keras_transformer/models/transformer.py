@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_transformer import ops as kt_ops
+from keras_transformer.distribution import symbolic_ids_under_tf_distribute
 from keras_transformer.layers.embedding import SinusoidalEmbedding
 from keras_transformer.layers.stacks import Decoder, Encoder
 
@@ -243,19 +244,5 @@ class Transformer(keras.Model):
                 f"Model '{self.name}' expects a dict with keys 'source_ids' and "
                 f"'target_ids'. Received: {got}"
             )
-        return tuple(_symbolic_ids(inputs[key]) for key in ("source_ids", "target_ids"))
+        return tuple(symbolic_ids_under_tf_distribute(inputs[key]) for key in ("source_ids", "target_ids"))
 
-
-def _symbolic_ids(ids):
-    """Undo one Keras behaviour: under a `tf.distribute` strategy, `fit` first builds the
-    model from a symbolic batch made by averaging the replicas' first batches, which
-    turns the ids into floats. Only shapes matter there, so in that one place (a graph
-    traced in the strategy's cross-replica context) float ids become int32. Float ids
-    anywhere else still reach `check_token_ids` and are refused."""
-    if keras.backend.backend() != "tensorflow" or "float" not in keras.backend.standardize_dtype(ids.dtype):
-        return ids
-    import tensorflow as tf
-
-    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() and not tf.executing_eagerly():
-        return tf.cast(ids, "int32")
-    return ids

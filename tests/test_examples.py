@@ -1,0 +1,72 @@
+"""Every script in examples/ runs, on every backend, with smaller sizes than its defaults."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import BACKEND
+
+EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
+
+
+def load(name):
+    sys.path.insert(0, str(EXAMPLES))  # export_and_serve imports translate_files
+    try:
+        spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_every_example_is_short_and_tested():
+    scripts = sorted(p.stem for p in EXAMPLES.glob("*.py"))
+    tested = {"compose_layers", "text_classifier", "language_model", "translate_files", "export_and_serve",
+              "multi_device"}
+    assert set(scripts) == tested
+    for name in scripts:
+        lines = (EXAMPLES / f"{name}.py").read_text().count("\n")
+        assert lines <= 120, f"examples/{name}.py has {lines} lines"
+
+
+def test_compose_layers():
+    results = load("compose_layers").main(["--steps", "40", "--length", "8"])
+    assert set(results) == {"functional", "subclassed"}
+    assert all(0.0 <= a <= 1.0 for a in results.values())
+
+
+def test_text_classifier():
+    accuracy = load("text_classifier").main(["--train-size", "600", "--epochs", "1", "--vocab-size", "200"])
+    assert 0.0 <= accuracy <= 1.0
+
+
+def test_language_model():
+    perplexity = load("language_model").main(["--train-size", "600", "--epochs", "1"])
+    assert np.isfinite(perplexity) and perplexity > 1.0
+
+
+def test_translate_files_then_export(tmp_path):
+    run_dir = tmp_path / "run"
+    scores = load("translate_files").main(["--run-dir", str(run_dir), "--steps", "5", "--size", "1500",
+                                           "--holdout", "40", "--eval-size", "4"])
+    assert scores["sentences"] == 4 and 0.0 <= scores["chrf"] <= 100.0
+    translations = load("export_and_serve").main(["--run-dir", str(run_dir), "--output", str(tmp_path / "saved")])
+    assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
+
+
+def test_multi_device():
+    # A child process: the number of devices is fixed when the backend starts.
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, str(EXAMPLES / "multi_device.py"), "--steps", "3"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = {"jax": "model parallel on a 2 x 4 mesh", "tensorflow": "MirroredStrategy over 2 replicas",
+                "torch": "one device"}[BACKEND]
+    assert expected in result.stdout
