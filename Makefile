@@ -5,17 +5,19 @@
 #               (KERAS_BACKEND=jax|torch|tensorflow picks the backend; TensorFlow if unset)
 #   make test   create .venv, install the project with its dev extra, run the tests on
 #               TensorFlow, JAX and PyTorch (one pytest run per backend)
+#   make docs   build the documentation site into site/ (mkdocs build --strict)
 #   make bench  the side-by-side benchmarks (JSON in benchmarks/results/)
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BACKENDS ?= tensorflow jax torch
-PYTEST_ARGS ?=
+# Two workers by default (CI has 2 cores); --dist loadfile keeps a file's module fixtures on one worker.
+PYTEST_ARGS ?= -n auto --dist loadfile
 # constraints.txt pins torch to the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 
-.PHONY: install demo test bench clean
+.PHONY: install demo docs test bench clean
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +30,10 @@ install: $(VENV)/.installed-dev
 demo: install
 	$(VENV)/bin/keras-transformer demo --output-dir artifacts
 
-test: install
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: install docs
 	@status=0; \
 	for backend in $(BACKENDS); do \
 		echo "=== pytest on KERAS_BACKEND=$$backend ==="; \
@@ -39,7 +44,10 @@ test: install
 	exit $$status
 
 bench: install
+	$(PIP_INSTALL) -e '.[bench]'
 	$(PY) benchmarks/decode.py
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/table1.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache site

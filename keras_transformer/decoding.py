@@ -29,6 +29,8 @@ def length_penalty(length, alpha: float):
 
 
 def _prepare(model, source_ids, max_length, max_extra_length):
+    if not model.built:  # decoding reaches into the blocks, which must exist
+        model.build()
     source_ids = ops.convert_to_tensor(source_ids)
     if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
         raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")

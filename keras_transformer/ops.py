@@ -208,11 +208,15 @@ def windowed_attention(query, key, value, window: int, key_mask=None, causal: bo
     `scaled_dot_product_attention` under `band_mask`.
 
     Args:
-        query, key, value: `(B, T, h, d)`, the same length T (self-attention).
+        query: `(B, T, h, d_k)`.
+        key: `(B, T, h, d_k)`, the same length T as `query` (self-attention).
+        value: `(B, T, h, d_v)`.
         window: r >= 1.
         key_mask: Optional boolean `(B, T)` key padding mask.
         causal: Also forbid keys after the query. Defaults to `False`.
-        dropout, training, seed: Dropout on the attention weights.
+        dropout: Dropout rate on the attention weights. Defaults to `0.0`.
+        training: Whether dropout is active.
+        seed: Seed or `keras.random.SeedGenerator` for dropout.
 
     Returns:
         `(B, T, h, d_v)`.

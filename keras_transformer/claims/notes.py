@@ -210,8 +210,8 @@ def _mib(x):
 
 def to_markdown(results: dict) -> str:
     c = results["config"]
-    out = [f"# The design notes, measured\n\nBackend: {results['backend']}.\n",
-           "## Why divide by sqrt(d_k)\n",
+    out = [f"## The design notes, measured\n\nBackend: {results['backend']}.\n",
+           "### Why divide by sqrt(d_k)\n",
            f"{c['samples']} pairs of N(0, 1) vectors per d_k; softmax over {c['keys']} keys; "
            "gradient = mean |d sum(softmax(z) * u) / dz| (u ~ N(0, 1)), by autodiff.\n"]
     out.append(measure.markdown_table(
@@ -220,7 +220,7 @@ def to_markdown(results: dict) -> str:
         [[r["d_k"], f"{r['variance']:.2f}", f"{r['scaled_variance']:.3f}", f"{r['unscaled_max_weight']:.3f}",
           f"{r['scaled_max_weight']:.3f}", f"{r['unscaled_gradient']:.2e}", f"{r['scaled_gradient']:.2e}"]
          for r in results["scaling"]]))
-    out.append("\n## Dot-product versus additive attention\n")
+    out.append("\n### Dot-product versus additive attention\n")
     out.append(f"One head, d = {c['width']}, batch 1, forward pass; memory is XLA's temporary buffers.\n")
     add = results["additive"]
     rows = [[r["n"], f"{r['dot_seconds'] * 1e3:.3f}", f"{r['additive_seconds'] * 1e3:.3f}",
@@ -232,7 +232,7 @@ def to_markdown(results: dict) -> str:
     out.append("\nFitted time exponents in n (largest {k} n): dot {d:.2f}, additive {a:.2f}.\n".format(
         k=k, d=measure.fit_exponent([r["n"] for r in add[-k:]], [r["dot_seconds"] for r in add[-k:]]),
         a=measure.fit_exponent([r["n"] for r in add[-k:]], [r["additive_seconds"] for r in add[-k:]])))
-    out.append("\n## Sinusoidal versus learned positions beyond the training length\n")
+    out.append("\n### Sinusoidal versus learned positions beyond the training length\n")
     out.append(f"Copy task, 2 + 2 layers, d = {c['copy_width']}, trained {c['copy_steps']} steps on lengths "
                f"1..{c['copy_length']} (L); teacher-forced token accuracy on 256 sequences of each test length. "
                "The learned table has rows for every tested position; those beyond L are never trained.\n")

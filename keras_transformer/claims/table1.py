@@ -231,7 +231,7 @@ def to_markdown(results: dict) -> str:
     n_fit = c["lengths"][-c["fit_points"]:]
     d_fit = c["widths"][-c["fit_points"]:]
     lines = [
-        "# Table 1, measured\n",
+        "## Table 1, measured\n",
         f"Backend: {results['backend']}. d = {c['width']} while n varies, n = {c['length']} while d varies, "
         f"{c['heads']} heads, window r = {c['window']}, kernel k = {c['kernel_size']}, batch 1, forward pass. "
         f"Exponents are least-squares slopes of log(cost) on log(size) over n = {n_fit} and d = {d_fit}. "
@@ -258,7 +258,7 @@ def to_markdown(results: dict) -> str:
                      _fmt(e.get("memory_exponent_n")) if "by_length" in e else "as convolution",
                      e["paper"]["sequential"], seq_text, e["paper"]["path"], paths])
     lines.append(measure.markdown_table(header, rows))
-    lines.append("\n## Time and memory per layer\n")
+    lines.append("\n### Time and memory per layer\n")
     header = ["layer", "n", "d", "ms", "temporary MiB"]
     rows = []
     for kind, e in results["layers"].items():

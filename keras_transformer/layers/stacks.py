@@ -90,8 +90,12 @@ class Encoder(_Stack):
         d_ff: FFN inner width.
         dropout: Residual dropout. Defaults to `0.1`.
         norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation, key_dim, attention_dropout, layer_norm_epsilon, window: As in
-            `EncoderBlock`.
+        activation: FFN activation, as in `EncoderBlock`. Defaults to `"relu"`.
+        key_dim: Size d_k of each head. Defaults to `d_model // num_heads`.
+        attention_dropout: Dropout on the attention weights. Defaults to `0.0`.
+        layer_norm_epsilon: Defaults to `1e-6`.
+        window: Restricted self-attention distance r, as in `EncoderBlock`. Defaults to
+            `None` (full attention).
         **kwargs: Base layer arguments.
 
     Call arguments:
@@ -142,8 +146,12 @@ class Decoder(_Stack):
         d_ff: FFN inner width.
         dropout: Residual dropout. Defaults to `0.1`.
         norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation, key_dim, attention_dropout, layer_norm_epsilon, window: As in
-            `DecoderBlock`.
+        activation: FFN activation, as in `DecoderBlock`. Defaults to `"relu"`.
+        key_dim: Size d_k of each head. Defaults to `d_model // num_heads`.
+        attention_dropout: Dropout on the attention weights. Defaults to `0.0`.
+        layer_norm_epsilon: Defaults to `1e-6`.
+        window: Restricted self-attention distance r, as in `DecoderBlock`. Defaults to
+            `None` (full attention).
         **kwargs: Base layer arguments.
 
     Call arguments:
