@@ -187,12 +187,17 @@ def loglog_plot(path, series: dict, xlabel: str, ylabel: str, title: str) -> pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
+    ticks = set()
     for label, (xs, ys) in series.items():
         pairs = [(x, y) for x, y in zip(xs, ys) if y]
         if pairs:
             ax.loglog(*zip(*pairs), marker="o", label=label)
+            ticks.update(x for x, _ in pairs)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # label the measured sizes only
+    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
