@@ -9,6 +9,7 @@ and the reports say "not measured".
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import pathlib
@@ -207,3 +208,27 @@ def loglog_plot(path, series: dict, xlabel: str, ylabel: str, title: str) -> pat
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return pathlib.Path(path)
+
+
+def command(argv, prog: str, description: str, title: str, stem: str, configs, run: Callable,
+            to_markdown: Callable, plots: Callable) -> int:
+    """The command line both measurements share: `--output-dir`, `--quick`; run, then write
+    `<stem>.json`, `<stem>.md` and the plots, and print the Markdown.
+
+    `configs` is the measurement's config class, with a `quick()` constructor.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--output-dir", default="claims", help="Markdown, JSON and PNG plots go here.")
+    parser.add_argument("--quick", action="store_true", help="Small sizes: seconds instead of minutes.")
+    args = parser.parse_args(argv)
+    config = configs.quick() if args.quick else configs()
+    print(f"{title} on {keras.backend.backend()}: writing to {args.output_dir}/", flush=True)
+    results = run(config, progress=lambda s: print(s, flush=True))
+    markdown = to_markdown(results)
+    written = write_outputs(args.output_dir, stem, results, markdown)
+    written += plots(results, args.output_dir)
+    print(markdown)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+

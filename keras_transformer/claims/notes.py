@@ -19,7 +19,6 @@ Run it with `keras-transformer design-notes` or `python benchmarks/design_notes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -282,25 +281,12 @@ def plots(results: dict, output_dir) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="keras-transformer design-notes",
+    return measure.command(
+        argv, prog="keras-transformer design-notes",
         description="Measure the paper's design notes: the 1/sqrt(d_k) scaling, dot-product versus additive "
                     "attention, and sinusoidal versus learned positions on sequences longer than any seen "
                     "in training. Memory is read from XLA, so it is measured on the JAX backend only.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--output-dir", default="claims", help="Markdown, JSON and PNG plots go here.")
-    parser.add_argument("--quick", action="store_true", help="Small sizes: seconds instead of minutes.")
-    args = parser.parse_args(argv)
-    config = NotesConfig.quick() if args.quick else NotesConfig()
-    print(f"Design notes on {keras.backend.backend()}: writing to {args.output_dir}/", flush=True)
-    results = run(config, progress=lambda s: print(s, flush=True))
-    markdown = to_markdown(results)
-    written = measure.write_outputs(args.output_dir, "notes", results, markdown)
-    written += plots(results, args.output_dir)
-    print(markdown)
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+        title="Design notes", stem="notes", configs=NotesConfig, run=run, to_markdown=to_markdown, plots=plots)
 
 
 if __name__ == "__main__":

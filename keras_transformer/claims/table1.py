@@ -19,7 +19,6 @@ the paper's. Run it with `keras-transformer table1` or `python benchmarks/table1
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import platform
 import sys
@@ -293,26 +292,13 @@ def plots(results: dict, output_dir) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="keras-transformer table1",
+    return measure.command(
+        argv, prog="keras-transformer table1",
         description="Measure the paper's Table 1 on this machine: cost per layer against n and d, "
                     "sequential operations and maximum path length, for self-attention, restricted "
                     "self-attention, a recurrent layer and convolutions. Peak memory and sequential "
                     "operations are read from XLA, so they are measured on the JAX backend only.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--output-dir", default="claims", help="Markdown, JSON and PNG plots go here.")
-    parser.add_argument("--quick", action="store_true", help="Small sizes: seconds instead of minutes.")
-    args = parser.parse_args(argv)
-    config = Table1Config.quick() if args.quick else Table1Config()
-    print(f"Table 1 on {keras.backend.backend()}: writing to {args.output_dir}/", flush=True)
-    results = run(config, progress=lambda s: print(s, flush=True))
-    markdown = to_markdown(results)
-    written = measure.write_outputs(args.output_dir, "table1", results, markdown)
-    written += plots(results, args.output_dir)
-    print(markdown)
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+        title="Table 1", stem="table1", configs=Table1Config, run=run, to_markdown=to_markdown, plots=plots)
 
 
 if __name__ == "__main__":
