@@ -8,6 +8,7 @@ import keras
 from keras import ops
 
 from keras_transformer import ops as kt_ops
+from keras_transformer.distribution import symbolic_ids_under_tf_distribute
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -158,6 +159,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
     def call(self, token_ids, start_index=0, reverse=False, training=None):
         if reverse:
             return self._project(token_ids)
+        token_ids = symbolic_ids_under_tf_distribute(token_ids)
         kt_ops.check_token_ids(token_ids, self.vocab_size, name="token_ids", layer=self)
         x = ops.take(ops.cast(self.embeddings, self.compute_dtype), token_ids, axis=0)
         if self.scale:

@@ -8,7 +8,6 @@ import keras
 from keras import ops
 
 from keras_transformer import ops as kt_ops
-from keras_transformer.distribution import symbolic_ids_under_tf_distribute
 from keras_transformer.layers.embedding import SinusoidalEmbedding
 from keras_transformer.layers.stacks import Decoder, Encoder
 
@@ -244,5 +243,5 @@ class Transformer(keras.Model):
                 f"Model '{self.name}' expects a dict with keys 'source_ids' and "
                 f"'target_ids'. Received: {got}"
             )
-        return tuple(symbolic_ids_under_tf_distribute(inputs[key]) for key in ("source_ids", "target_ids"))
+        return inputs["source_ids"], inputs["target_ids"]
 
