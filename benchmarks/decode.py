@@ -40,13 +40,10 @@ def measure(args) -> dict:
     results = {}
     for search in ("greedy", "beam"):
         for use_cache in (True, False):
-            if search == "greedy":
-                def run():
-                    return kt.decoding.greedy_search(model, source, max_length=n, min_length=n, use_cache=use_cache)
-            else:
-                def run():
-                    return kt.decoding.beam_search(model, source, beam_size=args.beam_size, max_length=n,
-                                                   min_length=n, use_cache=use_cache)
+            beam_size = 1 if search == "greedy" else args.beam_size
+
+            def run():
+                return model.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache)
             t = time.perf_counter()
             out = keras.ops.convert_to_numpy(run())  # warm-up: compiles
             compile_seconds = time.perf_counter() - t

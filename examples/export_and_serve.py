@@ -14,8 +14,8 @@ import sys
 import tempfile
 
 import keras_transformer as kt
-from keras_transformer.cli import serving_instructions
-from keras_transformer.evaluation import load_run
+from keras_transformer.tools.cli import serving_instructions
+from keras_transformer.tools.evaluation import load_run
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import translate_files  # noqa: E402  (the example next to this one)

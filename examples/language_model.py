@@ -15,7 +15,7 @@ import numpy as np
 from num2words import num2words
 
 import keras_transformer as kt
-from keras_transformer.text import END_ID, PAD_ID, START_ID
+from keras_transformer.decoding import END_ID, PAD_ID, START_ID
 
 
 def language_model(vocab_size, d_model=64, num_layers=2):

@@ -27,7 +27,7 @@ class MaskedMean(keras.layers.Layer):
 
 def classifier(vocab_size, length, d_model=64, num_layers=2):
     ids = keras.Input((length,), dtype="int32", name="token_ids")
-    padding = keras.ops.not_equal(ids, kt.text.PAD_ID)
+    padding = keras.ops.not_equal(ids, kt.decoding.PAD_ID)
     x = kt.layers.SinusoidalEmbedding(vocab_size, d_model, dropout=0.1)(ids)
     x = kt.layers.Encoder(num_layers, num_heads=4, d_ff=4 * d_model, dropout=0.1)(x, padding_mask=padding)
     logits = keras.layers.Dense(2)(MaskedMean()(x, padding))

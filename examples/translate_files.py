@@ -14,9 +14,9 @@ import argparse
 import pathlib
 import tempfile
 
-from keras_transformer.evaluation import load_run, score, translate_texts
-from keras_transformer.text import corpora
-from keras_transformer.training import TrainConfig, train
+from keras_transformer.tools.evaluation import load_run, score, translate_texts
+from keras_transformer.tools.text import corpora
+from keras_transformer.tools.training import TrainConfig, train
 
 
 def write_example_files(directory, size):

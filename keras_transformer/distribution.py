@@ -103,17 +103,3 @@ def model_parallel(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d
     return keras.distribution.ModelParallel(
         layout_map=layout_map(device_mesh, num_heads, d_ff, model_axis), batch_dim_name=batch_dim_name)
 
-
-def symbolic_ids_under_tf_distribute(ids):
-    """Undo one Keras behaviour: under a `tf.distribute` strategy, `fit` first builds the
-    model from a symbolic batch made by averaging the replicas' first batches, which
-    turns the ids into floats. Only shapes matter there, so in that one place (a graph
-    traced in the strategy's cross-replica context) float ids become int32. Float ids
-    anywhere else still reach `check_token_ids` and are refused."""
-    if keras.backend.backend() != "tensorflow" or "float" not in keras.backend.standardize_dtype(ids.dtype):
-        return ids
-    import tensorflow as tf
-
-    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() and not tf.executing_eagerly():
-        return tf.cast(ids, "int32")
-    return ids

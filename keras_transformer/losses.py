@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer.defaults import PAD_ID
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
@@ -34,7 +36,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     1.3863
     """
 
-    def __init__(self, epsilon: float = 0.1, pad_id: int = 0, name: str = "label_smoothed_cross_entropy", **kwargs):
+    def __init__(self, epsilon: float = 0.1, pad_id: int = PAD_ID, name: str = "label_smoothed_cross_entropy", **kwargs):
         super().__init__(name=name, **kwargs)
         if not 0.0 <= epsilon < 1.0:
             raise ValueError(f"`epsilon` must be in [0, 1). Received: epsilon={epsilon!r}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer.defaults import PAD_ID
+
 
 class _MaskedMean(keras.metrics.Metric):
     """Running sum / count over positions whose label is not `pad_id`."""
 
-    def __init__(self, pad_id: int = 0, name=None, **kwargs):
+    def __init__(self, pad_id: int = PAD_ID, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.pad_id = pad_id
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
@@ -51,7 +53,7 @@ class MaskedAccuracy(_MaskedMean):
     0.5
     """
 
-    def __init__(self, pad_id: int = 0, name: str = "accuracy", **kwargs):
+    def __init__(self, pad_id: int = PAD_ID, name: str = "accuracy", **kwargs):
         super().__init__(pad_id=pad_id, name=name, **kwargs)
 
     def _values(self, y_true, logits):
@@ -74,7 +76,7 @@ class Perplexity(_MaskedMean):
     4.0
     """
 
-    def __init__(self, pad_id: int = 0, name: str = "perplexity", **kwargs):
+    def __init__(self, pad_id: int = PAD_ID, name: str = "perplexity", **kwargs):
         super().__init__(pad_id=pad_id, name=name, **kwargs)
 
     def _values(self, y_true, logits):

@@ -1,11 +1,10 @@
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 import keras_transformer as kt
 from tests import reference as ref
-from tests.conftest import BACKEND, mha_weights, randomize_weights, to_numpy
+from tests.conftest import mha_weights, randomize_weights, to_numpy
 
 
 def _layer(num_heads=2, d_model=8, t_q=5, t_k=None, **kwargs):
@@ -71,24 +70,27 @@ def test_cache_call_is_correct():
     x = np.random.default_rng(4).normal(size=(2, 6, 8)).astype("float32")
     full = to_numpy(layer(x, x, use_causal_mask=True))
     max_length = 9  # longer than needed: unfilled slots must be masked
-    cache = (ops.zeros((2, max_length, 2, 4)), ops.zeros((2, max_length, 2, 4)))
+    cache = layer.init_cache(2, max_length)
+    assert tuple(cache.shape) == (2, max_length, 2, 4 + 4)  # (B, L, h, d_k + d_v)
     steps = []
     for i in range(6):
         xi = x[:, i : i + 1]
         out, cache = layer(xi, xi, use_causal_mask=True, cache=cache, cache_index=i)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
-    # The cache holds the projected keys of the six positions and zeros after.
-    keys = to_numpy(cache[0])
-    np.testing.assert_allclose(keys[:, :6], to_numpy(layer.compute_key_value(x)[0]), atol=1e-5)
-    assert np.all(keys[:, 6:] == 0)
+    # The cache holds the projected keys and values of the six positions and zeros after.
+    filled = to_numpy(cache)
+    keys, values = layer.compute_key_value(x)
+    np.testing.assert_allclose(filled[:, :6, :, :4], to_numpy(keys), atol=1e-5)
+    np.testing.assert_allclose(filled[:, :6, :, 4:], to_numpy(values), atol=1e-5)
+    assert np.all(filled[:, 6:] == 0)
 
 
 def test_cache_prefill_then_step():
     layer = _layer(num_heads=2, d_model=8, t_q=5)
     x = np.random.default_rng(5).normal(size=(1, 5, 8)).astype("float32")
     full = to_numpy(layer(x, x, use_causal_mask=True))
-    cache = (ops.zeros((1, 5, 2, 4)), ops.zeros((1, 5, 2, 4)))
+    cache = layer.init_cache(1, 5)
     first, cache = layer(x[:, :3], x[:, :3], use_causal_mask=True, cache=cache, cache_index=0)
     rest, cache = layer(x[:, 3:], x[:, 3:], use_causal_mask=True, cache=cache, cache_index=3)
     np.testing.assert_allclose(np.concatenate([to_numpy(first), to_numpy(rest)], 1), full, atol=1e-5)
@@ -99,7 +101,7 @@ def test_precomputed_cross_attention_cache():
     rng = np.random.default_rng(6)
     y, x = rng.normal(size=(2, 3, 8)).astype("float32"), rng.normal(size=(2, 4, 8)).astype("float32")
     direct = to_numpy(layer(y, x))
-    kv = layer.compute_key_value(x)
+    kv = layer.compute_cache(x)
     cached, _ = layer(y, x, cache=kv)
     np.testing.assert_allclose(to_numpy(cached), direct, atol=1e-6)
 
@@ -150,3 +152,31 @@ def test_key_dim_given_allows_any_width():
 def test_bad_constructor_arguments(bad):
     with pytest.raises(ValueError, match="Received"):
         kt.layers.MultiHeadAttention(**bad)
+
+
+def test_cache_with_value_dim_other_than_key_dim():
+    layer = _layer(num_heads=2, d_model=8, t_q=4, key_dim=3, value_dim=5)
+    x = np.random.default_rng(8).normal(size=(2, 4, 8)).astype("float32")
+    full = to_numpy(layer(x, x, use_causal_mask=True))
+    cache = layer.init_cache(2, 6)
+    assert tuple(cache.shape) == (2, 6, 2, 3 + 5)
+    steps = []
+    for i in range(4):
+        out, cache = layer(x[:, i : i + 1], x[:, i : i + 1], use_causal_mask=True, cache=cache, cache_index=i)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_cache_needs_a_built_layer():
+    with pytest.raises(ValueError, match="build it first"):
+        kt.layers.MultiHeadAttention(2).init_cache(1, 4)
+
+
+def test_symbolic_cache_call_specs():
+    """In a Functional graph, the cached call returns the output and a cache of the cache's shape."""
+    layer = kt.layers.MultiHeadAttention(2)
+    x = keras.Input((1, 8))
+    cache = keras.Input((6, 2, 8))
+    out, new_cache = layer(x, x, use_causal_mask=True, cache=cache, cache_index=2)
+    assert tuple(out.shape) == (None, 1, 8)
+    assert tuple(new_cache.shape) == (None, 6, 2, 8)

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from keras import ops
+import keras
 
 import keras_transformer as kt
 from tests import reference as ref
@@ -63,14 +63,11 @@ def test_decoder_block_cache_equals_full_pass():
     randomize_weights(block, scale=0.3)
     x, y, src_mask, _ = _inputs(4)
     full = to_numpy(block(y, x, encoder_padding_mask=src_mask))
-    cache = (ops.zeros((2, 7, 2, 4)), ops.zeros((2, 7, 2, 4)))
-    cross = block.cross_attention.compute_key_value(x)
+    cache = block.init_cache(2, 7, x)
+    assert sorted(cache) == ["cross_attention", "self_attention"]
     steps = []
     for i in range(5):
-        out, cache = block(
-            y[:, i : i + 1], None, encoder_padding_mask=src_mask,
-            self_attention_cache=cache, cache_index=i, cross_attention_cache=cross,
-        )
+        out, cache = block(y[:, i : i + 1], None, encoder_padding_mask=src_mask, cache=cache, cache_index=i)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
@@ -105,15 +102,12 @@ def test_decoder_stack_cache_equals_full_pass():
     decoder = kt.layers.Decoder(num_layers=2, num_heads=2, d_ff=16, norm_first=True)
     x, y, src_mask, _ = _inputs(6)
     full = to_numpy(decoder(y, x, encoder_padding_mask=src_mask))
-    caches = decoder.init_cache(2, 5)
-    assert tuple(caches[0][0].shape) == (2, 5, 2, 4)
-    cross = decoder.compute_cross_attention_cache(x)
+    caches = decoder.init_cache(2, 5, x)
+    assert tuple(caches[0]["self_attention"].shape) == (2, 5, 2, 8)  # (B, L, h, d_k + d_v)
+    assert tuple(caches[0]["cross_attention"].shape) == (2, x.shape[1], 2, 8)
     steps = []
     for i in range(5):
-        out, caches = decoder(
-            y[:, i : i + 1], None, encoder_padding_mask=src_mask,
-            self_attention_cache=caches, cache_index=i, cross_attention_cache=cross,
-        )
+        out, caches = decoder(y[:, i : i + 1], None, encoder_padding_mask=src_mask, cache=caches, cache_index=i)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
@@ -121,3 +115,25 @@ def test_decoder_stack_cache_equals_full_pass():
 def test_block_rejects_rank_2_input():
     with pytest.raises(ValueError, match=r"Layer 'enc'.*inputs.shape=\(2, 8\)"):
         kt.layers.EncoderBlock(2, 16, name="enc")(np.zeros((2, 8), "float32"))
+
+
+def test_symbolic_decoder_cache_call_specs():
+    """A Functional graph through the cached decoder path: output and cache specs."""
+    decoder = kt.layers.Decoder(num_layers=2, num_heads=2, d_ff=16)
+    decoder.build((None, None, 8), (None, None, 8))
+    y = keras.Input((1, 8))
+    cache = [
+        {"self_attention": keras.Input((5, 2, 8)), "cross_attention": keras.Input((3, 2, 8))} for _ in range(2)
+    ]
+    out, new_cache = decoder(y, None, cache=cache, cache_index=1)
+    assert tuple(out.shape) == (None, 1, 8)
+    assert [tuple(c["self_attention"].shape) for c in new_cache] == [(None, 5, 2, 8)] * 2
+    assert [tuple(c["cross_attention"].shape) for c in new_cache] == [(None, 3, 2, 8)] * 2
+
+
+def test_cache_without_index_is_refused():
+    block = kt.layers.DecoderBlock(num_heads=2, d_ff=16)
+    block.build((None, None, 8))
+    cache = block.init_cache(1, 4)
+    with pytest.raises(ValueError, match="requires `cache_index`"):
+        block(np.zeros((1, 1, 8), "float32"), cache=cache)

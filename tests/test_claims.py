@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from keras_transformer import cli
+from keras_transformer.tools import cli
 from keras_transformer.claims import measure, notes, table1
 from tests.conftest import BACKEND
 

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_transformer import cli
+from keras_transformer.tools import cli
 
 # Small enough for CI: the tiny preset's width, one block, short sentences.
 SMALL = ["--train-size", "1500", "--vocab-size", "300", "--batch-tokens", "1024", "--max-length", "32",
@@ -61,14 +60,14 @@ def test_different_config_in_output_dir_is_refused(tmp_path, capsys):
 
 def test_exit_status_from_the_console_script(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "keras_transformer.cli", "train", "--output-dir", str(tmp_path), "--vocab-size", "3"],
+        [sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir", str(tmp_path), "--vocab-size", "3"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2 and "too small" in result.stderr
 
 
 def test_killed_run_resumes_and_ends_at_the_requested_step(tmp_path):
-    args = [sys.executable, "-m", "keras_transformer.cli", "train", "--output-dir", str(tmp_path), *SMALL,
+    args = [sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir", str(tmp_path), *SMALL,
             "--steps", "80", "--steps-per-epoch", "10", "--average-checkpoints", "3"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = tmp_path / "state" / "state.npz"

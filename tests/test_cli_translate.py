@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from keras_transformer import cli
+from keras_transformer.tools import cli
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_evaluate_and_translate(demo, capsys):
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "forty-two", "seven"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
-    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "translate", "--run-dir", run],
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.tools.cli", "translate", "--run-dir", run],
                             input="one\n\ntwo\n", capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split("\n")[:3][1] == ""  # an empty line translates to an empty line

@@ -1,5 +1,6 @@
 """Greedy and beam search: equal to each other at beam 1, exact against enumeration on a
-tiny model, and the KV cache changes nothing but speed."""
+tiny model, the KV cache changes nothing but speed, and the searches work for any model
+that offers a step function (a decoder-only language model here)."""
 
 import itertools
 
@@ -46,8 +47,10 @@ def test_beam_of_one_equals_greedy():
     # With alpha = 0 a single beam stops exactly when greedy does: once [END] is the
     # most probable token, nothing alive can score higher.
     model = _model()
-    greedy = to_numpy(decoding.greedy_search(model, _source(), max_length=8), "int32")
-    beam = to_numpy(decoding.beam_search(model, _source(), beam_size=1, length_penalty_alpha=0.0, max_length=8), "int32")
+    greedy = to_numpy(model.translate(_source(), beam_size=1, max_length=8), "int32")
+    # beam_size=1 in `translate` is greedy; call the beam search itself with one beam.
+    beam, _ = model.search(_source(), 8, beam_size=1, length_penalty=0.0, use_cache=True)
+    beam = to_numpy(beam, "int32")
     np.testing.assert_array_equal(beam, greedy)
 
 
@@ -60,9 +63,8 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     # Every complete hypothesis: up to max_length - 1 tokens, then [END].
     candidates = [tuple(p) + (decoding.END_ID,) for n in range(max_length) for p in itertools.product(non_end, repeat=n)]
     source = _source()
-    tokens, scores = decoding.beam_search(
-        model, source, beam_size=len(allowed) ** max_length, length_penalty_alpha=alpha,
-        max_length=max_length, return_scores=True,
+    tokens, scores = model.translate(
+        source, beam_size=len(allowed) ** max_length, length_penalty=alpha, max_length=max_length, return_scores=True
     )
     tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
     for b in range(len(source)):
@@ -76,13 +78,9 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_cache_gives_the_same_tokens_as_rerunning_the_decoder(search):
     model = _model(seed=5)
-    kwargs = dict(max_length=10)
-    if search == "beam":
-        fn, kwargs = decoding.beam_search, dict(kwargs, beam_size=3, return_scores=True)
-    else:
-        fn = decoding.greedy_search
-    cached = fn(model, _source(), use_cache=True, **kwargs)
-    full = fn(model, _source(), use_cache=False, **kwargs)
+    kwargs = dict(max_length=10, beam_size=3 if search == "beam" else 1, return_scores=search == "beam")
+    cached = model.translate(_source(), use_cache=True, **kwargs)
+    full = model.translate(_source(), use_cache=False, **kwargs)
     if search == "beam":
         np.testing.assert_allclose(to_numpy(cached[1]), to_numpy(full[1]), atol=1e-4)
         cached, full = cached[0], full[0]
@@ -93,7 +91,7 @@ def test_greedy_matches_a_plain_python_loop():
     """Reference: call the model on the growing prefix and take the argmax."""
     model = _model(seed=7)
     source = _source()
-    result = to_numpy(decoding.greedy_search(model, source, max_length=4), "int32")
+    result = to_numpy(model.translate(source, beam_size=1, max_length=4), "int32")
     prefix = np.full((len(source), 1), decoding.START_ID, "int32")
     done = np.zeros(len(source), bool)
     for _ in range(4):
@@ -107,18 +105,100 @@ def test_greedy_matches_a_plain_python_loop():
 
 def test_output_shape_and_padding_after_end():
     model = _model(seed=9)
-    out = to_numpy(decoding.beam_search(model, _source(), max_extra_length=5), "int32")
+    out = to_numpy(model.translate(_source(), max_extra_length=5), "int32")
     assert out.shape == (3, 4 + 5)  # input length + max_extra_length
     for row in out:
-        ends = np.flatnonzero(row == decoding.END_ID)
+        ends = np.flatnonzero(row == model.end_id)
         if len(ends):
-            assert (row[ends[0] + 1 :] == decoding.PAD_ID).all()
-        assert decoding.START_ID not in row
+            assert (row[ends[0] + 1 :] == model.pad_id).all()
+        assert model.start_id not in row
 
 
 def test_bad_arguments():
     model = _model()
     with pytest.raises(ValueError, match="beam_size"):
-        decoding.beam_search(model, _source(), beam_size=0)
+        model.translate(_source(), beam_size=0)
     with pytest.raises(ValueError, match="integer"):
-        decoding.greedy_search(model, _source().astype("float32"))
+        model.translate(_source().astype("float32"), beam_size=1)
+    with pytest.raises(ValueError, match=r"\(batch, length\)"):
+        model.translate(_source()[0])
+
+
+def test_compiled_searches_are_bounded_and_owned_by_the_model():
+    model = _model()
+    for n in range(3, 13):
+        model.translate(_source(), beam_size=1, max_length=n)
+    assert len(model._searches) == model._searches.max_entries == 8
+    assert "_kt_decoders" not in model.__dict__
+
+
+class _TinyLM:
+    """A decoder-only language model from the library's layers, with a step function:
+    what a search needs, and nothing the searches know about."""
+
+    def __init__(self, vocab_size=9, d_model=16, seed=0):
+        self.embedding = kt.layers.SinusoidalEmbedding(vocab_size, d_model)
+        self.decoder = kt.layers.Decoder(num_layers=2, num_heads=2, d_ff=32, dropout=0.0)
+        self.embedding.build((None, None))
+        self.decoder.build((None, None, d_model))  # no encoder: decoder-only blocks
+        randomize_weights(self.decoder, seed, scale=0.5)
+        randomize_weights(self.embedding, seed + 1, scale=0.8)
+
+    def logits(self, ids):
+        """Full causal pass: `(B, T)` ids -> `(B, T, V)` logits."""
+        return self.embedding(self.decoder(self.embedding(ids)), reverse=True)
+
+    def init_cache(self, batch_size, max_length):
+        return self.decoder.init_cache(batch_size, max_length)
+
+    def step(self, token_ids, cache, index):
+        tokens = keras.ops.slice(token_ids, [0, index], [keras.ops.shape(token_ids)[0], 1])
+        y, cache = self.decoder(self.embedding(tokens, start_index=index), cache=cache, cache_index=index)
+        return self.embedding(y, reverse=True)[:, 0], cache
+
+
+SPECIAL = dict(start_id=5, end_id=6, pad_id=7)  # not the defaults: the search must use these
+
+
+def test_greedy_search_on_a_decoder_only_model_matches_its_full_passes():
+    lm = _TinyLM()
+    n, length = 3, 6
+    tokens = to_numpy(decoding.greedy_search(lm.step, lm.init_cache(n, length), n, length, **SPECIAL), "int32")
+    # Reference: rerun the whole prefix at every step, never choosing [PAD] or [START].
+    prefix = np.full((n, 1), SPECIAL["start_id"], "int32")
+    done = np.zeros(n, bool)
+    for _ in range(length):
+        logits = to_numpy(lm.logits(prefix))[:, -1]
+        logits[:, [SPECIAL["pad_id"], SPECIAL["start_id"]]] = -np.inf
+        nxt = np.where(done, SPECIAL["pad_id"], logits.argmax(-1))
+        done |= nxt == SPECIAL["end_id"]
+        prefix = np.concatenate([prefix, nxt[:, None].astype("int32")], 1)
+    np.testing.assert_array_equal(tokens, prefix[:, 1:])
+    assert SPECIAL["start_id"] not in tokens
+
+
+def test_beam_search_on_a_decoder_only_model_finds_the_exhaustive_best():
+    lm = _TinyLM(vocab_size=8, seed=2)
+    max_length, alpha = 3, 0.6
+    allowed = [t for t in range(8) if t not in (SPECIAL["pad_id"], SPECIAL["start_id"])]
+    non_end = [t for t in allowed if t != SPECIAL["end_id"]]
+    candidates = [tuple(p) + (SPECIAL["end_id"],) for n in range(max_length) for p in itertools.product(non_end, repeat=n)]
+    tokens, scores = decoding.beam_search(
+        lm.step, lm.init_cache(1, max_length), 1, max_length, beam_size=len(allowed) ** max_length,
+        length_penalty_alpha=alpha, **SPECIAL,
+    )
+    # Exhaustive scores by teacher forcing every candidate through the full pass.
+    width = max(len(c) for c in candidates)
+    inputs = np.full((len(candidates), width), non_end[0], "int32")
+    for r, c in enumerate(candidates):
+        inputs[r, : len(c)] = [SPECIAL["start_id"], *c[:-1]]
+    logits = to_numpy(lm.logits(inputs))
+    logits[..., [SPECIAL["pad_id"], SPECIAL["start_id"]]] = -1e9
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    exhaustive = np.array([
+        sum(log_probs[r, t, tok] for t, tok in enumerate(c)) / ((5 + len(c)) / 6) ** alpha
+        for r, c in enumerate(candidates)
+    ])
+    best = candidates[int(exhaustive.argmax())]
+    assert tuple(to_numpy(tokens, "int32")[0, : len(best)]) == best
+    assert to_numpy(scores)[0] == pytest.approx(exhaustive.max(), abs=1e-4)

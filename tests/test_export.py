@@ -1,17 +1,24 @@
 """The exported SavedModel translates strings like `Transformer.translate`, whatever
-backend trained the model, loaded in a process that never imports keras_transformer."""
+backend trained the model, loaded in a process that never imports keras_transformer.
+
+The model here is built with special ids other than the defaults (`[PAD]` is not 0), so
+training, decoding, evaluation and export are all checked to take the ids from the
+model and the tokenizer rather than from constants."""
 
 import json
 import subprocess
 import sys
 
 import keras
-import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.text import Tokenizer, corpora
-from keras_transformer.text.datasets import make_dataset
+from keras_transformer.tools import evaluation
+from keras_transformer.tools.text import Tokenizer, corpora
+from keras_transformer.tools.text.datasets import make_dataset
+
+# Not 0, 1, 2, 3: every place that assumed the defaults would go wrong here.
+SPECIAL_IDS = dict(pad_id=5, unk_id=2, start_id=0, end_id=7)
 
 LOADER = """
 import json, sys
@@ -30,13 +37,36 @@ print(json.dumps(out))
 def trained():
     corpus = corpora.numbers_corpus(train_size=1500, validation_size=20, test_size=20)
     texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
-    tokenizer = Tokenizer.build(texts, vocab_size=300, min_frequency=5)
+    tokenizer = Tokenizer.build(texts, vocab_size=300, min_frequency=5, **SPECIAL_IDS)
+    assert (tokenizer.pad_id, tokenizer.start_id, tokenizer.end_id) == (5, 0, 7)
     keras.utils.set_random_seed(0)
-    model = kt.models.Transformer(tokenizer.vocab_size, num_layers=1, d_model=64, num_heads=4, d_ff=128, dropout=0.0)
-    model.compile(optimizer=kt.schedules.transformer_optimizer(64, warmup_steps=50), loss=kt.losses.LabelSmoothedCrossEntropy())
+    model = kt.models.Transformer(
+        tokenizer.vocab_size, num_layers=1, d_model=64, num_heads=4, d_ff=128, dropout=0.0,
+        pad_id=tokenizer.pad_id, start_id=tokenizer.start_id, end_id=tokenizer.end_id,
+    )
+    model.compile(
+        optimizer=kt.schedules.transformer_optimizer(64, warmup_steps=50),
+        loss=kt.losses.LabelSmoothedCrossEntropy(pad_id=tokenizer.pad_id),
+        metrics=[kt.metrics.MaskedAccuracy(pad_id=tokenizer.pad_id)],
+    )
     data = make_dataset(corpus.train, tokenizer, batch_tokens=1024, max_length=32, repeat=True, drop_remainder=True)
     model.fit(data, steps_per_epoch=150, epochs=1, verbose=0, shuffle=False)
     return model, tokenizer, corpus
+
+
+def test_a_model_with_other_special_ids_trains_and_translates(trained):
+    model, tokenizer, corpus = trained
+    test = make_dataset(corpus.test, tokenizer, batch_tokens=1024, max_length=32, shuffle=False)
+    accuracy = model.evaluate(test, return_dict=True, verbose=0)["accuracy"]
+    assert accuracy > 0.5, accuracy  # teacher-forced, after 150 steps (chance: 1/300)
+    ids = tokenizer.tokenize_dense([s for s, _ in corpus.test[:8]]).numpy()
+    out = keras.ops.convert_to_numpy(model.translate(ids))
+    for row in out:  # [END] is 7, padding after it is 5; [START] (0) never appears
+        ends = list(row).index(7) if 7 in row else len(row)
+        assert (row[ends + 1 :] == 5).all() and 0 not in row
+    hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in corpus.test])
+    scores = evaluation.score(hypotheses, [t for _, t in corpus.test], tokenizer)
+    assert scores["chrf"] > 30, scores
 
 
 def _library_translations(model, tokenizer, texts):
@@ -66,9 +96,18 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     assert translations[:5] == _library_translations(model, tokenizer, texts[:5])
 
 
-def test_vocabulary_mismatch_is_refused(trained, tmp_path):
-    model, _, _ = trained
+def test_vocabulary_or_special_id_mismatch_is_refused(trained, tmp_path):
+    model, tokenizer, _ = trained
     other = Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "a"])
-    with pytest.raises(ValueError, match=rf"has 5 tokens but the model's vocab_size is {model.vocab_size}"):
+    with pytest.raises(ValueError, match=rf"vocab_size: model {model.vocab_size}, tokenizer 5.*pad_id: model 5, tokenizer 0"):
         kt.export.export_translator(model, other, tmp_path / "x")
+    # Same size, default ids: the special ids are named with both values.
+    vocab = tokenizer.vocabulary
+    for token in ("[PAD]", "[UNK]", "[START]", "[END]"):
+        vocab.remove(token)
+    same_size = Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", *vocab])
+    with pytest.raises(ValueError, match="pad_id: model 5, tokenizer 0; start_id: model 0, tokenizer 2; end_id: model 7"):
+        kt.export.export_translator(model, same_size, tmp_path / "x")
+    with pytest.raises(evaluation.RunDirError, match="pad_id: model 5, tokenizer 0"):
+        evaluation.translate_texts(model, same_size, ["one"])
     assert not (tmp_path / "x").exists()

@@ -68,11 +68,10 @@ def test_cached_decoding_with_window_equals_full_pass():
     rng = np.random.default_rng(1)
     y, x = rng.normal(size=(1, 7, 8)).astype("float32"), rng.normal(size=(1, 5, 8)).astype("float32")
     full = to_numpy(block(y, x))
-    cache = (ops.zeros((1, 7, 2, 4)), ops.zeros((1, 7, 2, 4)))
-    cross = block.cross_attention.compute_key_value(x)
+    cache = block.init_cache(1, 7, x)
     steps = []
     for i in range(7):
-        out, cache = block(y[:, i : i + 1], None, self_attention_cache=cache, cache_index=i, cross_attention_cache=cross)
+        out, cache = block(y[:, i : i + 1], None, cache=cache, cache_index=i)
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 

@@ -5,8 +5,9 @@ import gzip
 import numpy as np
 import pytest
 
-from keras_transformer.text import END_ID, PAD_ID, START_ID, Tokenizer, corpora
-from keras_transformer.text.datasets import bucket_lengths, make_dataset
+from keras_transformer.decoding import END_ID, PAD_ID, START_ID
+from keras_transformer.tools.text import Tokenizer, corpora
+from keras_transformer.tools.text.datasets import bucket_lengths, make_dataset
 
 UNICODE = ["Grüße aus München, schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty-two thousand and seven"]
 
@@ -52,8 +53,25 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["a b c"], vocab_size=4)
     with pytest.raises(ValueError, match="empty corpus"):
         Tokenizer.build([], vocab_size=100)
-    with pytest.raises(ValueError, match="reserved tokens"):
+    with pytest.raises(ValueError, match=r"each reserved token .* exactly once.*'\[PAD\]': 0"):
         Tokenizer(["a", "b", "c", "d", "e"])
+    with pytest.raises(ValueError, match=r"'\[END\]': 2"):
+        Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "[END]"])
+    with pytest.raises(ValueError, match="distinct"):
+        Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=1)
+
+
+def test_reserved_tokens_can_sit_at_other_ids():
+    tok = Tokenizer.build(["zwei und vierzig", "forty two"], vocab_size=60, min_frequency=1,
+                          pad_id=6, unk_id=0, start_id=9, end_id=3)
+    assert (tok.pad_id, tok.unk_id, tok.start_id, tok.end_id) == (6, 0, 9, 3)
+    assert [tok.vocabulary[i] for i in (6, 0, 9, 3)] == ["[PAD]", "[UNK]", "[START]", "[END]"]
+    ids = tok.tokenize_dense(["forty two", "zwei"]).numpy()
+    assert ids[1, -1] == 6  # padded with [PAD]'s id
+    # The reserved tokens are dropped wherever they sit; real pieces are kept.
+    framed = [[9, *[i for i in ids[0] if i != 6], 3, 6, 6]]
+    assert tok.detokenize_dense(framed) == ["forty two"]
+    assert tok.detokenize_dense([[0]]) == [""]  # [UNK] at id 0 is reserved too
 
 
 def test_numbers_corpus_is_deterministic_and_splits_are_disjoint():

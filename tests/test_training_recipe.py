@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import callbacks as kt_callbacks
+from keras_transformer.tools import callbacks as kt_callbacks
 from tests.conftest import to_numpy
 
 

@@ -46,14 +46,24 @@ def test_one_matrix_is_shared_when_tied():
     assert tuple(untied(_batch()).shape) == (3, 6, 23)
 
 
-def test_masks_come_from_ids():
-    model = _small(dropout=0.0)
+@pytest.mark.parametrize("pad_id", [0, 9])
+def test_masks_come_from_ids(pad_id):
+    model = _small(dropout=0.0, pad_id=pad_id, start_id=2 if pad_id else 1, end_id=3)
+    model.build()
+    randomize_weights(model, scale=0.3)
     batch = _batch(1)
+    for key in batch:  # the pad id of this model, wherever `_batch` padded with 0
+        batch[key] = np.where(batch[key] == 0, pad_id, np.where(batch[key] == pad_id, 4, batch[key])).astype("int32")
     base = to_numpy(model(batch))
-    # Changing what sits at padded source positions changes nothing.
-    changed = {k: v.copy() for k, v in batch.items()}
-    changed["source_ids"][2, 3:] = 0
-    np.testing.assert_allclose(to_numpy(model(changed)), base, atol=1e-5)
+    # The same rows with extra padding on the right give the same logits at the real
+    # positions: padding is masked out of every attention, whatever its length.
+    padded = {k: np.pad(v, ((0, 0), (0, 3)), constant_values=pad_id) for k, v in batch.items()}
+    out = to_numpy(model(padded))
+    real = batch["target_ids"] != pad_id
+    np.testing.assert_allclose(out[:, : base.shape[1]][real], base[real], atol=1e-5)
+    # Without the mask the extra positions would be attended to: a real id there changes the result.
+    unmasked = {k: np.pad(v, ((0, 0), (0, 3)), constant_values=5) for k, v in batch.items()}
+    assert not np.allclose(to_numpy(model(unmasked))[:, : base.shape[1]][real], base[real], atol=1e-3)
     # A later target token never influences earlier logits (causal decoder).
     changed = {k: v.copy() for k, v in batch.items()}
     changed["target_ids"][0, 4] = 22 if changed["target_ids"][0, 4] != 22 else 21
@@ -112,3 +122,19 @@ def test_model_save_and_load_keras_format(tmp_path):
     assert isinstance(loaded, kt.models.Transformer)
     assert loaded.get_config() == model.get_config()
     np.testing.assert_allclose(to_numpy(loaded(batch)), expected, atol=1e-6)
+
+
+def test_ids_of_the_wrong_rank_are_refused():
+    model = _small()
+    batch = _batch()
+    with pytest.raises(ValueError, match=r"`source_ids` must be token ids of shape \(batch, length\)\. Received: source_ids.shape=\(7,\)"):
+        model({"source_ids": batch["source_ids"][0], "target_ids": batch["target_ids"]})
+    with pytest.raises(ValueError, match=r"target_ids.shape=\(3, 6, 1\)"):
+        model({"source_ids": batch["source_ids"], "target_ids": batch["target_ids"][..., None]})
+
+
+def test_special_ids_are_checked():
+    with pytest.raises(ValueError, match=r"`pad_id` must be a token id in \[0, vocab_size=23\)"):
+        _small(pad_id=23)
+    with pytest.raises(ValueError, match="must differ"):
+        _small(start_id=3, end_id=3)

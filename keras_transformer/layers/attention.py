@@ -52,12 +52,13 @@ class MultiHeadAttention(keras.layers.Layer):
             `None`.
         use_causal_mask: Forbid attending to later positions (decoder self-attention).
             Defaults to `False`.
-        cache: Optional `(key_cache, value_cache)`, each `(B, max_length, h, d_k)`.
+        cache: The layer's cache, `(B, L, h, d_k + d_v)`: projected keys and values
+            of `L` positions side by side on the last axis (see "The cache" below).
             With `cache_index`, the keys and values of the `T_q` new positions are
-            written into the cache at `cache_index` and the queries attend over the
-            filled part of it (incremental decoding). Without `cache_index` the cache
-            holds precomputed keys and values (see `compute_key_value`), e.g. the
-            projected encoder output during decoding, and `value` is not projected.
+            written into it at `cache_index` and the queries attend over the filled
+            part (incremental decoding). Without `cache_index` it holds precomputed
+            keys and values (`compute_cache`), e.g. the projected encoder output
+            during decoding, and `value` is not projected. Defaults to `None`.
         cache_index: Position of the first query inside the cache (int or scalar
             tensor). Defaults to `None`.
         return_attention_scores: Also return the attention weights. Defaults to
@@ -67,6 +68,14 @@ class MultiHeadAttention(keras.layers.Layer):
     Returns:
         `(B, T_q, d_model)`; then, if requested, the weights `(B, h, T_q, T_k)`; then,
         if `cache` was given, the (updated) cache. Several results come as a tuple.
+
+    The cache:
+        One tensor per layer, `(B, L, h, d_k + d_v)`: position `j` holds the projected
+        key of head `i` in `[..., j, i, :d_k]` and its value in `[..., j, i, d_k:]`.
+        `init_cache` makes an empty one for self-attention (`L` = the longest output),
+        `compute_cache` a full one for encoder-decoder attention (`L` = the source
+        length). Only this layer reads or writes inside it; the blocks, stacks, models
+        and searches carry it as an opaque tensor (beam search reorders its rows).
 
     Example:
 
@@ -201,16 +210,13 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._split_heads(self.query_dense(query), self._key_dim)
         if cache is not None and cache_index is None:
             # Precomputed keys and values (e.g. the projected encoder output).
-            k, v = cache
+            k, v = self._split_cache(cache)
         else:
             k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
             if cache is not None:
-                key_cache, value_cache = cache
-                start = [0, cache_index, 0, 0]
-                key_cache = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
-                value_cache = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
-                cache = (key_cache, value_cache)
-                k, v = key_cache, value_cache
+                new = ops.cast(ops.concatenate([k, v], axis=-1), cache.dtype)
+                cache = ops.slice_update(cache, [0, cache_index, 0, 0], new)
+                k, v = self._split_cache(cache)
 
         if self.window is not None and cache is None:
             if attention_mask is not None or return_attention_scores:
@@ -268,26 +274,13 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape)[:-1] + (tuple(query_shape)[-1],)
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        attention_mask=None,
-        query_mask=None,
-        value_mask=None,
-        use_causal_mask=False,
-        cache=None,
-        cache_index=None,
-        return_attention_scores=False,
-        training=None,
-    ):
+    def compute_output_spec(self, query, value, key=None, cache=None, return_attention_scores=False, **kwargs):
         outputs = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )
         results = (outputs,)
         if return_attention_scores:
-            key_length = cache[0].shape[1] if cache is not None else value.shape[1]
+            key_length = cache.shape[1] if cache is not None else value.shape[1]
             results += (
                 keras.KerasTensor(
                     (query.shape[0], self.num_heads, query.shape[1], key_length),
@@ -295,21 +288,54 @@ class MultiHeadAttention(keras.layers.Layer):
                 ),
             )
         if cache is not None:
-            results += (
-                tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),
-            )
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
         return results[0] if len(results) == 1 else results
 
-    def compute_key_value(self, value, key=None):
-        """Project `key` and `value` into heads: `(B, T_k, h, d_k)`, `(B, T_k, h, d_v)`.
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """An empty self-attention cache of `max_length` positions.
 
-        During decoding, the encoder output is projected once with this method and
-        passed as `cache` (without `cache_index`) at every step.
+        Args:
+            batch_size: B (an int or a scalar tensor).
+            max_length: L, the most positions the cache will hold.
+            dtype: Defaults to the layer's compute dtype.
+
+        Returns:
+            Zeros `(batch_size, max_length, h, d_k + d_v)`, preallocated so that every
+            decoding step has the same shapes (and compiles once).
         """
+        self._check_built("init_cache")
+        width = self._key_dim + self._value_dim
+        return ops.zeros((batch_size, max_length, self.num_heads, width), dtype=dtype or self.compute_dtype)
+
+    def compute_cache(self, value, key=None):
+        """The projected keys and values of `value` (and `key`), as a full cache.
+
+        During decoding the encoder output is projected once per layer with this method
+        and passed as `cache` (without `cache_index`) at every step.
+
+        Returns:
+            `(B, T_k, h, d_k + d_v)`.
+        """
+        self._check_built("compute_cache")
+        return ops.concatenate(self.compute_key_value(value, key), axis=-1)
+
+    def compute_key_value(self, value, key=None):
+        """Project `key` and `value` into heads: `(B, T_k, h, d_k)`, `(B, T_k, h, d_v)`."""
         key = value if key is None else key
         k = self._split_heads(self.key_dense(key), self._key_dim)
         v = self._split_heads(self.value_dense(value), self._value_dim)
         return k, v
+
+    def _check_built(self, method):
+        if not self.built:
+            raise ValueError(
+                f"Layer '{self.name}': `{method}` needs the layer's sizes; build it first "
+                "(call it once, or `build(query_shape, value_shape)`). Received: an unbuilt layer"
+            )
+
+    def _split_cache(self, cache):
+        # (B, L, h, d_k + d_v) -> keys (B, L, h, d_k), values (B, L, h, d_v)
+        return cache[..., : self._key_dim], cache[..., self._key_dim :]
 
     def _merge_heads(self, attended):
         # (B, T_q, h, d_v) -> (B, T_q, h * d_v) -> (B, T_q, d_model)

@@ -89,20 +89,14 @@ class _Block(keras.layers.Layer):
             self.d_ff, activation=self.activation, name="feed_forward", dtype=self.dtype_policy
         )
 
-    def _residual(self, x, norm, drop, fn, training):
-        """Post-norm `LayerNorm(x + Dropout(fn(x)))` (the paper) or pre-norm
-        `x + Dropout(fn(LayerNorm(x)))`. `fn` may return extra results (a cache)."""
-        residual = x
-        if self.norm_first:
-            x = norm(x)
-        out = fn(x)
-        extra = None
-        if isinstance(out, tuple):
-            out, extra = out
+    def _sublayer_input(self, x, norm):
+        """What a sub-layer sees: `x` (post-norm, the paper) or `LayerNorm(x)` (pre-norm)."""
+        return norm(x) if self.norm_first else x
+
+    def _sublayer_output(self, residual, out, norm, drop, training):
+        """Post-norm `LayerNorm(x + Dropout(Sublayer(x)))` or pre-norm `x + Dropout(...)`."""
         x = drop(out, training=training) + residual
-        if not self.norm_first:
-            x = norm(x)
-        return x, extra
+        return x if self.norm_first else norm(x)
 
     def get_config(self):
         return {**super().get_config(), **block_config(self)}
@@ -171,24 +165,12 @@ class EncoderBlock(_Block):
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
         # Self-attention block.
-        x, _ = self._residual(
-            inputs,
-            self.self_attention_norm,
-            self.self_attention_dropout,
-            lambda y: self.self_attention(
-                y, y, attention_mask=attention_mask, value_mask=padding_mask, training=training
-            ),
-            training,
-        )
+        y = self._sublayer_input(inputs, self.self_attention_norm)
+        y = self.self_attention(y, y, attention_mask=attention_mask, value_mask=padding_mask, training=training)
+        x = self._sublayer_output(inputs, y, self.self_attention_norm, self.self_attention_dropout, training)
         # Feed-forward block.
-        x, _ = self._residual(
-            x,
-            self.feed_forward_norm,
-            self.feed_forward_dropout,
-            lambda y: self.feed_forward(y, training=training),
-            training,
-        )
-        return x
+        y = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm), training=training)
+        return self._sublayer_output(x, y, self.feed_forward_norm, self.feed_forward_dropout, training)
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
@@ -212,15 +194,14 @@ class DecoderBlock(_Block):
         encoder_sequence: `(B, S, d_model)` encoder output, or `None`.
         decoder_padding_mask: Boolean `(B, T)`. Defaults to `None`.
         encoder_padding_mask: Boolean `(B, S)`. Defaults to `None`.
-        self_attention_cache: `(key_cache, value_cache)`, each `(B, max_length, h, d_k)`,
-            for incremental decoding; requires `cache_index`. Defaults to `None`.
+        cache: The block's cache from `init_cache`, for incremental decoding;
+            requires `cache_index`. With it, `encoder_sequence` is not needed (its keys
+            and values are in the cache). Defaults to `None`.
         cache_index: Position of the first decoder token in the cache.
-        cross_attention_cache: Precomputed encoder keys and values, from
-            `self.cross_attention.compute_key_value(encoder_sequence)`. Defaults to `None`.
         training: Whether dropout is active.
 
     Returns:
-        `(B, T, d_model)`, and the updated self-attention cache if one was given.
+        `(B, T, d_model)`, and the updated cache if one was given.
 
     Example:
 
@@ -263,77 +244,80 @@ class DecoderBlock(_Block):
         encoder_sequence=None,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
-        self_attention_cache=None,
+        cache=None,
         cache_index=None,
-        cross_attention_cache=None,
         training=None,
     ):
-        has_encoder = encoder_sequence is not None or cross_attention_cache is not None
+        has_encoder = encoder_sequence is not None or (cache is not None and "cross_attention" in cache)
         if has_encoder and self.cross_attention is None:
             raise ValueError(
                 f"Layer '{self.name}' was built without an encoder sequence (decoder-only), "
-                "so it has no cross-attention. Received: an `encoder_sequence` or "
-                "`cross_attention_cache`."
+                "so it has no cross-attention. Received: an `encoder_sequence` or a cache "
+                "with a 'cross_attention' entry."
             )
         if not has_encoder and self.cross_attention is not None:
             raise ValueError(
                 f"Layer '{self.name}' has a cross-attention sub-layer and needs "
-                "`encoder_sequence` (or `cross_attention_cache`). Received: neither."
+                "`encoder_sequence` (or a cache from `init_cache(..., encoder_sequence)`). "
+                "Received: neither."
             )
-        if self_attention_cache is not None and cache_index is None:
+        if cache is not None and cache_index is None:
             raise ValueError(
-                f"Layer '{self.name}': `self_attention_cache` requires `cache_index`. "
-                "Received: cache_index=None"
+                f"Layer '{self.name}': `cache` requires `cache_index`. Received: cache_index=None"
             )
         # Masked self-attention block.
-        x, new_cache = self._residual(
-            decoder_sequence,
-            self.self_attention_norm,
-            self.self_attention_dropout,
-            lambda y: self.self_attention(
-                y,
-                y,
-                value_mask=decoder_padding_mask,
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_index=cache_index,
-                training=training,
-            ),
-            training,
-        )
+        y = self._sublayer_input(decoder_sequence, self.self_attention_norm)
+        if cache is None:
+            y = self.self_attention(y, y, value_mask=decoder_padding_mask, use_causal_mask=True, training=training)
+        else:
+            y, self_cache = self.self_attention(
+                y, y, value_mask=decoder_padding_mask, use_causal_mask=True,
+                cache=cache["self_attention"], cache_index=cache_index, training=training,
+            )
+            cache = {**cache, "self_attention": self_cache}
+        x = self._sublayer_output(decoder_sequence, y, self.self_attention_norm, self.self_attention_dropout, training)
         # Encoder-decoder attention block.
         if has_encoder:
-            x, _ = self._residual(
-                x,
-                self.cross_attention_norm,
-                self.cross_attention_dropout,
-                lambda y: self.cross_attention(
-                    y,
-                    encoder_sequence if encoder_sequence is not None else y,
-                    value_mask=encoder_padding_mask,
-                    cache=cross_attention_cache,
-                    training=training,
-                ),
-                training,
-            )
+            y = self._sublayer_input(x, self.cross_attention_norm)
+            if cache is None:
+                y = self.cross_attention(y, encoder_sequence, value_mask=encoder_padding_mask, training=training)
+            else:  # the encoder's keys and values, projected once by `init_cache`
+                y, _ = self.cross_attention(
+                    y, y, value_mask=encoder_padding_mask, cache=cache["cross_attention"], training=training
+                )
+            x = self._sublayer_output(x, y, self.cross_attention_norm, self.cross_attention_dropout, training)
         # Feed-forward block.
-        x, _ = self._residual(
-            x,
-            self.feed_forward_norm,
-            self.feed_forward_dropout,
-            lambda y: self.feed_forward(y, training=training),
-            training,
-        )
-        if self_attention_cache is not None:
-            return x, new_cache
-        return x
+        y = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm), training=training)
+        x = self._sublayer_output(x, y, self.feed_forward_norm, self.feed_forward_dropout, training)
+        return x if cache is None else (x, cache)
+
+    def init_cache(self, batch_size, max_length, encoder_sequence=None, dtype=None):
+        """The block's decoding cache: `{"self_attention": ...}`, plus
+        `"cross_attention"` (the encoder output projected once) when the block has
+        encoder-decoder attention. Each entry is a `MultiHeadAttention` cache.
+
+        Args:
+            batch_size: B.
+            max_length: The longest output L.
+            encoder_sequence: Encoder output `(B, S, d_model)`; required when the block
+                has encoder-decoder attention.
+            dtype: Defaults to the block's compute dtype.
+        """
+        if self.cross_attention is not None and encoder_sequence is None:
+            raise ValueError(
+                f"Layer '{self.name}' has encoder-decoder attention; its cache needs the "
+                "`encoder_sequence`. Received: encoder_sequence=None"
+            )
+        cache = {"self_attention": self.self_attention.init_cache(batch_size, max_length, dtype)}
+        if self.cross_attention is not None:
+            cache["cross_attention"] = self.cross_attention.compute_cache(encoder_sequence)
+        return cache
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
 
-    def compute_output_spec(self, decoder_sequence, encoder_sequence=None, self_attention_cache=None, **kwargs):
+    def compute_output_spec(self, decoder_sequence, encoder_sequence=None, cache=None, **kwargs):
         out = keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)
-        if self_attention_cache is not None:
-            cache = tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in self_attention_cache)
-            return out, cache
-        return out
+        if cache is None:
+            return out
+        return out, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)

@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from keras_transformer import ops as kt_ops
-from keras_transformer.distribution import symbolic_ids_under_tf_distribute
+from keras_transformer._compat import symbolic_ids_under_tf_distribute
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import keras
-from keras import ops
 
-from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock, block_config
+from keras_transformer.layers.blocks import BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config
 
 
 class _Stack(keras.layers.Layer):
@@ -34,32 +33,19 @@ class _Stack(keras.layers.Layer):
                 f"Received: num_layers={num_layers!r}"
             )
         self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.norm_first = norm_first
-        self.activation = keras.activations.get(activation)
-        self.key_dim = key_dim
-        self.attention_dropout = attention_dropout
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.window = window
         prefix = self.block_class.__name__.replace("Block", "").lower()
+        arguments = dict(
+            num_heads=num_heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first, activation=activation,
+            key_dim=key_dim, attention_dropout=attention_dropout, layer_norm_epsilon=layer_norm_epsilon,
+            window=window,
+        )
         self.blocks = [
-            self.block_class(
-                num_heads,
-                d_ff,
-                dropout=dropout,
-                norm_first=norm_first,
-                activation=activation,
-                key_dim=key_dim,
-                attention_dropout=attention_dropout,
-                layer_norm_epsilon=layer_norm_epsilon,
-                window=window,
-                name=f"{prefix}_block_{i}",
-                dtype=self.dtype_policy,
-            )
+            self.block_class(**arguments, name=f"{prefix}_block_{i}", dtype=self.dtype_policy)
             for i in range(num_layers)
         ]
+        # The blocks validate the arguments; the stack keeps them (as the blocks hold them) for its config.
+        for name in BLOCK_ARGUMENTS:
+            setattr(self, name, getattr(self.blocks[0], name))
         # Pre-norm leaves the residual stream un-normalised; normalise it once at the end.
         self.final_norm = (
             keras.layers.LayerNormalization(
@@ -80,24 +66,30 @@ class _Stack(keras.layers.Layer):
         return {**super().get_config(), "num_layers": self.num_layers, **block_config(self)}
 
 
-@keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(_Stack):
-    """The encoder: a stack of N `EncoderBlock`s (paper, section 3.1; N = 6).
-
+_STACK_ARGS = """
     Args:
         num_layers: Number of blocks N.
         num_heads: Attention heads h per block.
         d_ff: FFN inner width.
         dropout: Residual dropout. Defaults to `0.1`.
         norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation: FFN activation, as in `EncoderBlock`. Defaults to `"relu"`.
+        activation: FFN activation, as in the blocks. Defaults to `"relu"`.
         key_dim: Size d_k of each head. Defaults to `d_model // num_heads`.
         attention_dropout: Dropout on the attention weights. Defaults to `0.0`.
         layer_norm_epsilon: Defaults to `1e-6`.
-        window: Restricted self-attention distance r, as in `EncoderBlock`. Defaults to
+        window: Restricted self-attention distance r, as in the blocks. Defaults to
             `None` (full attention).
         **kwargs: Base layer arguments.
+"""
 
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Encoder(_Stack):
+    __doc__ = (
+        """The encoder: a stack of N `EncoderBlock`s (paper, section 3.1; N = 6).
+"""
+        + _STACK_ARGS
+        + """
     Call arguments:
         inputs: Embedded source `(B, S, d_model)`.
         padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to `None`.
@@ -114,6 +106,7 @@ class Encoder(_Stack):
     >>> tuple(encoder(np.zeros((1, 5, 8), "float32")).shape)
     (1, 5, 8)
     """
+    )
 
     block_class = EncoderBlock
 
@@ -135,39 +128,26 @@ class Encoder(_Stack):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Decoder(_Stack):
-    """The decoder: a stack of N `DecoderBlock`s (paper, section 3.1; N = 6).
+    __doc__ = (
+        """The decoder: a stack of N `DecoderBlock`s (paper, section 3.1; N = 6).
 
     Built with an encoder sequence, each block has encoder-decoder attention; built
     without one, the stack is a decoder-only (causal language model) stack.
-
-    Args:
-        num_layers: Number of blocks N.
-        num_heads: Attention heads h per block.
-        d_ff: FFN inner width.
-        dropout: Residual dropout. Defaults to `0.1`.
-        norm_first: Pre-norm blocks plus a final LayerNorm. Defaults to `False`.
-        activation: FFN activation, as in `DecoderBlock`. Defaults to `"relu"`.
-        key_dim: Size d_k of each head. Defaults to `d_model // num_heads`.
-        attention_dropout: Dropout on the attention weights. Defaults to `0.0`.
-        layer_norm_epsilon: Defaults to `1e-6`.
-        window: Restricted self-attention distance r, as in `DecoderBlock`. Defaults to
-            `None` (full attention).
-        **kwargs: Base layer arguments.
-
+"""
+        + _STACK_ARGS
+        + """
     Call arguments:
         decoder_sequence: Embedded target `(B, T, d_model)`.
         encoder_sequence: Encoder output `(B, S, d_model)`, or `None` (decoder-only).
         decoder_padding_mask: Boolean `(B, T)`. Defaults to `None`.
         encoder_padding_mask: Boolean `(B, S)`. Defaults to `None`.
-        self_attention_cache: A list with one `(key_cache, value_cache)` per block
-            (see `init_cache`). Requires `cache_index`. Defaults to `None`.
+        cache: The stack's cache from `init_cache` (one entry per block), for
+            incremental decoding. Requires `cache_index`. Defaults to `None`.
         cache_index: Position of the first decoder token in the cache.
-        cross_attention_cache: A list with one precomputed `(keys, values)` per block
-            (see `compute_cross_attention_cache`). Defaults to `None`.
         training: Whether dropout is active.
 
     Returns:
-        `(B, T, d_model)`, and the list of updated caches if caches were given.
+        `(B, T, d_model)`, and the updated cache if one was given.
 
     Example:
 
@@ -177,6 +157,7 @@ class Decoder(_Stack):
     >>> tuple(decoder(y, x).shape)
     (1, 4, 8)
     """
+    )
 
     block_class = DecoderBlock
 
@@ -192,59 +173,43 @@ class Decoder(_Stack):
         encoder_sequence=None,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
-        self_attention_cache=None,
+        cache=None,
         cache_index=None,
-        cross_attention_cache=None,
         training=None,
     ):
         x = decoder_sequence
-        new_caches = []
+        new_cache = []
         for i, block in enumerate(self.blocks):
-            out = block(
-                x,
-                encoder_sequence,
+            kwargs = dict(
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=None if self_attention_cache is None else self_attention_cache[i],
-                cache_index=cache_index,
-                cross_attention_cache=None if cross_attention_cache is None else cross_attention_cache[i],
                 training=training,
             )
-            if self_attention_cache is not None:
-                x, cache = out
-                new_caches.append(cache)
+            if cache is None:
+                x = block(x, encoder_sequence, **kwargs)
             else:
-                x = out
+                x, block_cache = block(x, encoder_sequence, cache=cache[i], cache_index=cache_index, **kwargs)
+                new_cache.append(block_cache)
         x = self._finish(x)
-        if self_attention_cache is not None:
-            return x, new_caches
-        return x
+        return x if cache is None else (x, new_cache)
 
-    def init_cache(self, batch_size, max_length, dtype=None):
-        """Zero self-attention caches: one `(key_cache, value_cache)` per block.
+    def init_cache(self, batch_size, max_length, encoder_sequence=None, dtype=None):
+        """The stack's decoding cache: a list with each block's `DecoderBlock.init_cache`.
 
-        Each is `(batch_size, max_length, h, d_k)`, preallocated so that every decoding
-        step has the same shapes (and compiles once).
+        Args:
+            batch_size: B.
+            max_length: The longest output L.
+            encoder_sequence: Encoder output `(B, S, d_model)`, projected once into each
+                block's encoder-decoder keys and values. `None` for a decoder-only stack.
+            dtype: Defaults to the stack's compute dtype.
         """
-        dtype = dtype or self.compute_dtype
-        caches = []
-        for block in self.blocks:
-            attn = block.self_attention
-            k = ops.zeros((batch_size, max_length, attn.num_heads, attn._key_dim), dtype=dtype)
-            v = ops.zeros((batch_size, max_length, attn.num_heads, attn._value_dim), dtype=dtype)
-            caches.append((k, v))
-        return caches
-
-    def compute_cross_attention_cache(self, encoder_sequence):
-        """Project the encoder output once per block: a list of `(keys, values)`."""
-        return [block.cross_attention.compute_key_value(encoder_sequence) for block in self.blocks]
+        return [block.init_cache(batch_size, max_length, encoder_sequence, dtype) for block in self.blocks]
 
     def compute_output_shape(self, decoder_sequence_shape, encoder_sequence_shape=None):
         return tuple(decoder_sequence_shape)
 
-    def compute_output_spec(self, decoder_sequence, encoder_sequence=None, self_attention_cache=None, **kwargs):
+    def compute_output_spec(self, decoder_sequence, encoder_sequence=None, cache=None, **kwargs):
         out = keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)
-        if self_attention_cache is not None:
-            caches = [tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in pair) for pair in self_attention_cache]
-            return out, caches
-        return out
+        if cache is None:
+            return out
+        return out, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)

@@ -7,19 +7,11 @@ import copy
 import keras
 from keras import ops
 
+from keras_transformer import _compat, decoding
 from keras_transformer import ops as kt_ops
+from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, PRESETS, START_ID
 from keras_transformer.layers.embedding import SinusoidalEmbedding
 from keras_transformer.layers.stacks import Decoder, Encoder
-
-PRESETS = {
-    # Table 3 of the paper, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.
-    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
-    # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE).
-    "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
-    # Small enough to train in minutes on a laptop CPU: tests and demos.
-    "tiny": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1),
-}
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(keras.Model):
@@ -48,6 +40,8 @@ class Transformer(keras.Model):
         layer_norm_epsilon: Defaults to `1e-6`.
         max_wavelength: Base of the sinusoidal encoding. Defaults to `10000`.
         pad_id: Padding token id. Defaults to `0`.
+        start_id: The `[START]` id that opens every decoder input. Defaults to `2`.
+        end_id: The `[END]` id that closes every output. Defaults to `3`.
         **kwargs: `keras.Model` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -80,7 +74,9 @@ class Transformer(keras.Model):
         activation="relu",
         layer_norm_epsilon: float = 1e-6,
         max_wavelength: float = 10000,
-        pad_id: int = 0,
+        pad_id: int = PAD_ID,
+        start_id: int = START_ID,
+        end_id: int = END_ID,
         **kwargs,
     ):
         # Inputs are token ids: never cast them (a float id is an error, not a float).
@@ -102,7 +98,20 @@ class Transformer(keras.Model):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_wavelength = max_wavelength
+        special = {"pad_id": pad_id, "start_id": start_id, "end_id": end_id}
+        for arg, value in special.items():
+            if not isinstance(value, int) or not 0 <= value < vocab_size:
+                raise ValueError(
+                    f"Model '{self.name}': `{arg}` must be a token id in [0, vocab_size={vocab_size}). "
+                    f"Received: {arg}={value!r}"
+                )
+        if len(set(special.values())) != 3:
+            raise ValueError(f"Model '{self.name}': the special ids must differ. Received: {special}")
         self.pad_id = pad_id
+        self.start_id = start_id
+        self.end_id = end_id
+        # Compiled searches, per static arguments: bounded, and released with the model.
+        self._searches = _compat.FunctionCache(max_entries=8)
 
         def embedding(name):
             return SinusoidalEmbedding(
@@ -180,8 +189,105 @@ class Transformer(keras.Model):
             logits = self.output_projection(decoder_outputs)
         return ops.cast(logits, "float32")
 
-    def translate(self, source_ids, beam_size: int = 4, length_penalty: float = 0.6, max_extra_length: int = 50):
+    # Decoding (section 6.1): the model offers its step; `keras_transformer.decoding`
+    # searches over it without knowing anything else about the model.
+
+    def init_cache(self, source_ids, max_length):
+        """Everything decoding needs from the source, computed once.
+
+        Encodes the source, projects the encoder output into each decoder layer's
+        encoder-decoder keys and values, and preallocates each layer's self-attention
+        cache of `max_length` positions.
+
+        Args:
+            source_ids: Integer `(B, S)`, padded with `pad_id`.
+            max_length: The longest output L.
+
+        Returns:
+            `{"source_mask": (B, S) bool, "decoder": Decoder.init_cache(...)}`, a nest
+            of tensors whose leading axis is B.
+        """
+        encoder_output, source_mask = self.encode(source_ids)
+        batch = ops.shape(source_ids)[0]
+        return {
+            "source_mask": source_mask,
+            "decoder": self.decoder.init_cache(batch, max_length, encoder_output),
+        }
+
+    def step(self, token_ids, cache, index):
+        """One decoding step with the cache: the token at `index` through the decoder.
+
+        Args:
+            token_ids: Integer `(B, 1 + L)`, the tokens so far (`[START]` first).
+            cache: From `init_cache` (or a previous step).
+            index: Position of the newest token (scalar).
+
+        Returns:
+            `(logits, cache)`: float32 `(B, vocab_size)` logits of the token at
+            `index + 1`, and the cache with the newest keys and values written in.
+        """
+        tokens = ops.slice(token_ids, [0, index], [ops.shape(token_ids)[0], 1])  # (B, 1)
+        y = self.target_embedding(tokens, start_index=index)
+        y, decoder_cache = self.decoder(
+            y, None, encoder_padding_mask=cache["source_mask"], cache=cache["decoder"], cache_index=index
+        )
+        return self.project(y)[:, 0, :], {**cache, "decoder": decoder_cache}
+
+    def uncached_step(self, token_ids, cache, index):
+        """The same step without the KV cache: the whole prefix through the decoder.
+
+        Same logits as `step` at much higher cost; for checks and benchmarks. `cache`
+        is `{"encoder_output": ..., "source_mask": ...}` (see `search`).
+        """
+        y = self.target_embedding(token_ids)
+        y = self.decoder(y, cache["encoder_output"], encoder_padding_mask=cache["source_mask"])
+        return ops.take(self.project(y), index, axis=1), cache
+
+    def search(
+        self,
+        source_ids,
+        max_length,
+        beam_size: int = BEAM_SIZE,
+        length_penalty: float = LENGTH_PENALTY,
+        min_length: int = 0,
+        use_cache: bool = True,
+    ):
+        """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
+
+        `max_length` may be a tensor (the exporter traces it from the input's length).
+        Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros.
+        """
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        if use_cache:
+            step, cache = self.step, self.init_cache(source_ids, max_length)
+        else:
+            encoder_output, source_mask = self.encode(source_ids)
+            step, cache = self.uncached_step, {"encoder_output": encoder_output, "source_mask": source_mask}
+        batch = ops.shape(source_ids)[0]
+        special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
+        if beam_size == 1:
+            tokens = decoding.greedy_search(step, cache, batch, max_length, **special)
+            return tokens, ops.zeros((batch,), "float32")
+        return decoding.beam_search(
+            step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty, **special
+        )
+
+    def translate(
+        self,
+        source_ids,
+        beam_size: int = BEAM_SIZE,
+        length_penalty: float = LENGTH_PENALTY,
+        max_extra_length: int = MAX_EXTRA_LENGTH,
+        *,
+        max_length: int | None = None,
+        min_length: int = 0,
+        use_cache: bool = True,
+        return_scores: bool = False,
+    ):
         """Beam search (section 6.1): the best output ids for each source row.
+
+        The search is compiled for the backend (`jax.jit`, XLA-compiled `tf.function`)
+        once per batch size, length and setting, and kept with the model (the last 8).
 
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.
@@ -189,16 +295,33 @@ class Transformer(keras.Model):
             length_penalty: alpha of the GNMT penalty `((5 + |Y|) / 6)^alpha`.
                 Defaults to `0.6` (the paper).
             max_extra_length: Longest output = `S + max_extra_length`. Defaults to `50`.
+            max_length: Longest output, instead of `S + max_extra_length`.
+            min_length: No `[END]` before this many tokens. Defaults to `0`.
+            use_cache: Use the KV cache. `False` re-runs the decoder over the whole
+                prefix at every step (same tokens, slower: for checks and benchmarks).
+            return_scores: Also return the `(B,)` scores `log P / lp` (zeros for greedy).
 
         Returns:
-            Integer `(B, S + max_extra_length)`: output tokens, `[END]`, then padding.
+            Integer `(B, max_length)`: output tokens, `[END]`, then `pad_id`; and the
+            scores if `return_scores`.
         """
-        from keras_transformer import decoding
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
+        source_ids = ops.convert_to_tensor(source_ids)
+        if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
+            raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
+        if len(source_ids.shape) != 2:
+            raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
+        if not self.built:
+            self.build()
+        max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
+        settings = (max_length, int(beam_size), float(length_penalty), int(min_length), bool(use_cache))
 
-        return decoding.beam_search(
-            self, source_ids, beam_size=beam_size, length_penalty_alpha=length_penalty,
-            max_extra_length=max_extra_length,
-        )
+        def make():
+            return _compat.compile_function(lambda ids: self.search(ids, *settings), self.variables)
+
+        tokens, scores = self._searches.get(settings, make)(ops.cast(source_ids, "int32"))
+        return (tokens, scores) if return_scores else tokens
 
     def get_config(self):
         config = super().get_config()
@@ -216,6 +339,8 @@ class Transformer(keras.Model):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "max_wavelength": self.max_wavelength,
                 "pad_id": self.pad_id,
+                "start_id": self.start_id,
+                "end_id": self.end_id,
             }
         )
         return config
@@ -243,5 +368,12 @@ class Transformer(keras.Model):
                 f"Model '{self.name}' expects a dict with keys 'source_ids' and "
                 f"'target_ids'. Received: {got}"
             )
-        return inputs["source_ids"], inputs["target_ids"]
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        for key, ids in (("source_ids", source_ids), ("target_ids", target_ids)):
+            if len(ids.shape) != 2:
+                raise ValueError(
+                    f"Model '{self.name}': `{key}` must be token ids of shape (batch, length). "
+                    f"Received: {key}.shape={tuple(ids.shape)}"
+                )
+        return source_ids, target_ids
 

@@ -14,9 +14,11 @@ from typing import Iterable, Sequence
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.defaults import END_ID, PAD_ID, START_ID, UNK_ID
+from keras_transformer.tools import files
+
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
-PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
 
 # Scripts written without spaces between words. BERT's basic tokenizer splits them
 # into one token per character; detokenization joins them back.
@@ -24,7 +26,11 @@ _NO_SPACE_SCRIPT = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}]"
 
 
 class Tokenizer(tf.Module):
-    """WordPiece tokenizer with the reserved tokens `[PAD] [UNK] [START] [END]` at ids 0..3.
+    """WordPiece tokenizer with the reserved tokens `[PAD] [UNK] [START] [END]`.
+
+    The reserved tokens are at ids 0..3 unless the vocabulary puts them elsewhere
+    (`build(..., pad_id=...)`); their ids are read from the vocabulary (`pad_id`,
+    `unk_id`, `start_id`, `end_id`) and must agree with the model's.
 
     Text is split on whitespace and punctuation (and per character in CJK scripts) by
     TensorFlow Text's `BertTokenizer`, then into word pieces from the vocabulary.
@@ -33,8 +39,8 @@ class Tokenizer(tf.Module):
     `[UNK]`. Lower-casing is an option, off by default; it keeps accents.
 
     Args:
-        vocab: The vocabulary, a list of tokens whose first four entries are the
-            reserved tokens. Continuation pieces start with `##`.
+        vocab: The vocabulary, a list of tokens holding each reserved token once.
+            Continuation pieces start with `##`.
         lower_case: Lower-case text before tokenizing. Defaults to `False`.
 
     Example:
@@ -48,11 +54,13 @@ class Tokenizer(tf.Module):
     def __init__(self, vocab: Sequence[str], lower_case: bool = False):
         super().__init__(name="tokenizer")
         vocab = [str(t) for t in vocab]
-        if tuple(vocab[: len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
+        counts = {token: vocab.count(token) for token in RESERVED_TOKENS}
+        if any(n != 1 for n in counts.values()):
             raise ValueError(
-                f"The vocabulary must start with the reserved tokens {list(RESERVED_TOKENS)}. "
-                f"Received: {vocab[:len(RESERVED_TOKENS)]}"
+                f"The vocabulary must hold each reserved token {list(RESERVED_TOKENS)} exactly once. "
+                f"Received: counts {counts}"
             )
+        self.pad_id, self.unk_id, self.start_id, self.end_id = (vocab.index(t) for t in RESERVED_TOKENS)
         self.lower_case = bool(lower_case)
         self.vocab = tf.Variable(vocab, trainable=False, name="vocab")
         self._vocab_list = vocab
@@ -60,8 +68,10 @@ class Tokenizer(tf.Module):
             tf.lookup.KeyValueTensorInitializer(
                 tf.constant(vocab), tf.range(len(vocab), dtype=tf.int64)
             ),
-            default_value=UNK_ID,
+            default_value=self.unk_id,
         )
+        # Dropped by `detokenize`: True at the reserved ids.
+        self._reserved = tf.constant([t in RESERVED_TOKENS for t in vocab])
         self._tokenizer = tf_text.BertTokenizer(
             table, token_out_type=tf.int64, unknown_token=UNK, lower_case=False,
             normalization_form="NFC",
@@ -83,6 +93,10 @@ class Tokenizer(tf.Module):
         lower_case: bool = False,
         min_frequency: int = 20,
         learner: str = "tokenizers",
+        pad_id: int = PAD_ID,
+        unk_id: int = UNK_ID,
+        start_id: int = START_ID,
+        end_id: int = END_ID,
     ) -> "Tokenizer":
         """Learn a WordPiece vocabulary of at most `vocab_size` tokens from `texts`.
 
@@ -108,6 +122,10 @@ class Tokenizer(tf.Module):
             min_frequency: Fewest occurrences of a pair to merge it (`"tokenizers"`
                 only). Defaults to `20`.
             learner: `"tokenizers"` or `"tensorflow-text"`. Defaults to `"tokenizers"`.
+            pad_id: Id of `[PAD]`. Defaults to `0`. Give the model the same ids.
+            unk_id: Id of `[UNK]`. Defaults to `1`.
+            start_id: Id of `[START]`. Defaults to `2`.
+            end_id: Id of `[END]`. Defaults to `3`.
         """
         minimum = len(RESERVED_TOKENS) + 1
         if vocab_size < minimum:
@@ -128,7 +146,7 @@ class Tokenizer(tf.Module):
             raise ValueError(
                 f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}"
             )
-        return cls(vocab[:vocab_size], lower_case=lower_case)
+        return cls(_place_reserved(vocab, vocab_size, (pad_id, unk_id, start_id, end_id)), lower_case=lower_case)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def tokenize(self, texts):
@@ -146,7 +164,7 @@ class Tokenizer(tf.Module):
         """Token ids `(B, None)` -> strings `(B,)`. Reserved tokens are dropped, word
         pieces are joined, words are separated by one space (none between CJK
         characters)."""
-        ids = tf.ragged.boolean_mask(ids, ids >= len(RESERVED_TOKENS))
+        ids = tf.ragged.boolean_mask(ids, tf.logical_not(tf.gather(self._reserved, ids)))
         pieces = tf.gather(self.vocab, ids)
         text = tf.strings.reduce_join(pieces, separator=" ", axis=-1)
         text = tf.strings.regex_replace(text, " ##", "")
@@ -159,7 +177,7 @@ class Tokenizer(tf.Module):
 
     def tokenize_dense(self, texts) -> tf.Tensor:
         """Convenience: tokenize and pad with `[PAD]` to a dense int32 `(B, T)`."""
-        return tf.cast(self.tokenize(tf.constant(list(texts), tf.string)).to_tensor(PAD_ID), tf.int32)
+        return tf.cast(self.tokenize(tf.constant(list(texts), tf.string)).to_tensor(self.pad_id), tf.int32)
 
     def detokenize_dense(self, ids) -> list[str]:
         """Convenience: dense or ragged ids (NumPy or tensor) -> a list of Python strings."""
@@ -170,12 +188,13 @@ class Tokenizer(tf.Module):
     def save(self, directory: str | os.PathLike) -> None:
         """Write `vocab.txt` (one token per line) and `tokenizer.json` to `directory`."""
         directory = pathlib.Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(directory / "vocab.txt", "\n".join(self._vocab_list) + "\n")
-        _atomic_write(
-            directory / "tokenizer.json",
-            json.dumps({"lower_case": self.lower_case, "vocab_size": self.vocab_size}, indent=2),
-        )
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        # Both files or neither: the directory is written beside and renamed into place.
+        with files.atomic_write(directory) as tmp:
+            tmp.mkdir()
+            (tmp / "vocab.txt").write_text("\n".join(self._vocab_list) + "\n", encoding="utf-8")
+            config = {"lower_case": self.lower_case, "vocab_size": self.vocab_size}
+            (tmp / "tokenizer.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
@@ -193,6 +212,22 @@ class Tokenizer(tf.Module):
                 f"{config['vocab_size']}."
             )
         return cls(vocab, lower_case=config["lower_case"])
+
+
+def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
+    """The learned `vocab` cut to `vocab_size`, with the reserved tokens at `ids`."""
+    ids = [int(i) for i in ids]
+    if len(set(ids)) != len(ids) or min(ids) < 0:
+        raise ValueError(f"The reserved ids must be distinct and non-negative. Received: {ids}")
+    pieces = [t for t in vocab if t not in RESERVED_TOKENS][: vocab_size - len(RESERVED_TOKENS)]
+    size = len(pieces) + len(RESERVED_TOKENS)
+    if max(ids) >= size:
+        raise ValueError(
+            f"The reserved ids must be smaller than the vocabulary size {size}. Received: {ids}"
+        )
+    for token_id, token in sorted(zip(ids, RESERVED_TOKENS)):
+        pieces.insert(token_id, token)
+    return pieces
 
 
 def _learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int) -> list[str]:
@@ -231,8 +266,3 @@ def _lower(texts):
     # tf.strings.lower with utf-8 lower-cases non-ASCII letters (Ä -> ä) and keeps accents.
     return tf.strings.lower(texts, encoding="utf-8")
 
-
-def _atomic_write(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -22,9 +22,11 @@ import tempfile
 
 import keras
 
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
 
-def export_translator(model, tokenizer, path, beam_size: int = 4, length_penalty: float = 0.6,
-                      max_extra_length: int = 50) -> pathlib.Path:
+
+def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length_penalty: float = LENGTH_PENALTY,
+                      max_extra_length: int = MAX_EXTRA_LENGTH) -> pathlib.Path:
     """Write a SavedModel at `path` that translates strings to strings.
 
     Args:
@@ -39,13 +41,17 @@ def export_translator(model, tokenizer, path, beam_size: int = 4, length_penalty
         The path written.
 
     Raises:
-        ValueError: if the tokenizer's vocabulary size differs from the model's.
+        ValueError: if the tokenizer's vocabulary size or special ids differ from the
+            model's, or `beam_size` is not a positive integer.
     """
-    if tokenizer.vocab_size != model.vocab_size:
-        raise ValueError(
-            f"The tokenizer's vocabulary has {tokenizer.vocab_size} tokens but the model's "
-            f"vocab_size is {model.vocab_size}; export the tokenizer the model was trained with."
-        )
+    from keras_transformer.tools.evaluation import RunDirError, check_special_ids
+
+    try:
+        check_special_ids(model, tokenizer)
+    except RunDirError as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
         _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length)
@@ -58,12 +64,13 @@ def export_translator(model, tokenizer, path, beam_size: int = 4, length_penalty
     return path
 
 
-def export_files(model_file, tokenizer_dir, path, beam_size=4, length_penalty=0.6, max_extra_length=50):
+def export_files(model_file, tokenizer_dir, path, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                 max_extra_length=MAX_EXTRA_LENGTH):
     """Export from files (`.keras` model, tokenizer directory) with the TensorFlow backend,
     in a child process."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     command = [
-        sys.executable, "-m", "keras_transformer.export", str(model_file), str(tokenizer_dir), str(path),
+        sys.executable, "-m", "keras_transformer.tools.export", str(model_file), str(tokenizer_dir), str(path),
         "--beam-size", str(beam_size), "--length-penalty", str(length_penalty),
         "--max-extra-length", str(max_extra_length),
     ]
@@ -75,15 +82,15 @@ def export_files(model_file, tokenizer_dir, path, beam_size=4, length_penalty=0.
 def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length):
     import tensorflow as tf
 
-    from keras_transformer import decoding
-
     def translate(texts):
         ids = tokenizer.tokenize(texts)  # ragged (B, None) int64
         lengths = ids.row_lengths()
         # At least one position, so that a batch of empty strings still has a shape.
         width = tf.maximum(tf.reduce_max(tf.concat([lengths, [0]], 0)), 1)
-        source = tf.cast(ids.to_tensor(default_value=0, shape=tf.stack([tf.size(lengths, tf.int64), width])), tf.int32)
-        tokens, _ = decoding.beam_search_graph(model, source, beam_size, length_penalty, max_extra_length)
+        shape = tf.stack([tf.size(lengths, tf.int64), width])
+        source = tf.cast(ids.to_tensor(default_value=tokenizer.pad_id, shape=shape), tf.int32)
+        max_length = tf.shape(source)[1] + max_extra_length
+        tokens, _ = model.search(source, max_length, beam_size, length_penalty)
         text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(tf.cast(tokens, tf.int64)))
         # An empty input translates to an empty string.
         return {"translation": tf.where(lengths > 0, text, tf.constant(""))}
@@ -100,13 +107,13 @@ def main(argv=None) -> int:
     parser.add_argument("model_file")
     parser.add_argument("tokenizer_dir")
     parser.add_argument("path")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--length-penalty", type=float, default=0.6)
-    parser.add_argument("--max-extra-length", type=int, default=50)
+    parser.add_argument("--beam-size", type=int, default=BEAM_SIZE)
+    parser.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY)
+    parser.add_argument("--max-extra-length", type=int, default=MAX_EXTRA_LENGTH)
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("The exporter's child process must run with KERAS_BACKEND=tensorflow.")
-    from keras_transformer.text import Tokenizer
+    from keras_transformer.tools.text import Tokenizer
 
     model = keras.saving.load_model(args.model_file)
     tokenizer = Tokenizer.load(args.tokenizer_dir)

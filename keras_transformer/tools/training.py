@@ -18,85 +18,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import pathlib
 import time
 
 import keras
 
-from keras_transformer import callbacks as kt_callbacks
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.models.transformer import PRESETS, Transformer
+from keras_transformer.models.transformer import Transformer
 from keras_transformer.schedules import transformer_optimizer
+from keras_transformer.tools import callbacks as kt_callbacks
+from keras_transformer.tools import files
+from keras_transformer.tools.config import RunError, TrainConfig
 
-
-class RunError(Exception):
-    """A problem found before training starts; the CLI prints it and exits with status 2."""
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything that defines a run. Two runs with equal configs are the same run."""
-
-    corpus: str = "numbers"  # "numbers", "files" or "tsv"
-    source_file: str | None = None
-    target_file: str | None = None
-    tsv: str | None = None
-    holdout: int = 500  # pairs held out for validation and for test (files / tsv)
-    train_size: int = 50_000  # numbers corpus
-    preset: str = "tiny"
-    num_layers: int | None = None
-    d_model: int | None = None
-    num_heads: int | None = None
-    d_ff: int | None = None
-    dropout: float | None = None
-    vocab_size: int = 2000
-    min_frequency: int = 20  # fewest occurrences of a pair to become a vocabulary piece
-    lower_case: bool = False
-    max_length: int = 64
-    batch_tokens: int = 4096
-    steps: int = 1250
-    steps_per_epoch: int = 125  # also the checkpoint interval
-    warmup_steps: int | None = None  # None: 4000 (the paper) for base/big, 400 for tiny
-    learning_rate_scale: float = 1.0
-    label_smoothing: float = 0.1
-    average_checkpoints: int = 5
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.corpus not in ("numbers", "files", "tsv"):
-            raise RunError(f"Unknown corpus {self.corpus!r}; expected numbers, files or tsv.")
-        if self.corpus == "files" and not (self.source_file and self.target_file):
-            raise RunError("--source-file and --target-file must be given together.")
-        if self.preset not in PRESETS:
-            raise RunError(f"Unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}.")
-        if self.vocab_size < 5:
-            raise RunError(
-                f"--vocab-size {self.vocab_size} is too small: the 4 reserved tokens "
-                "[PAD] [UNK] [START] [END] need ids 0..3, and at least one more token is needed."
-            )
-        for name in ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints"):
-            if getattr(self, name) < 1:
-                raise RunError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}.")
-        if self.batch_tokens < self.max_length:
-            raise RunError(f"--batch-tokens ({self.batch_tokens}) must be >= --max-length ({self.max_length}).")
-
-    def model_config(self) -> dict:
-        config = dict(PRESETS[self.preset])
-        for key in ("num_layers", "d_model", "num_heads", "d_ff", "dropout"):
-            if getattr(self, key) is not None:
-                config[key] = getattr(self, key)
-        return config
-
-    def effective_warmup(self) -> int:
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        return 400 if self.preset == "tiny" else 4000
+__all__ = ["RunError", "TrainConfig", "build_model", "check_output_dir", "load_corpus", "train"]
 
 
 def load_corpus(config: TrainConfig):
-    from keras_transformer.text import corpora
+    from keras_transformer.tools.text import corpora
 
     try:
         if config.corpus == "numbers":
@@ -131,14 +70,18 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     return True
 
 
-def build_model(config: TrainConfig, vocab_size: int) -> Transformer:
-    model = Transformer(vocab_size=vocab_size, **config.model_config())
+def build_model(config: TrainConfig, tokenizer) -> Transformer:
+    """The compiled model of a run, with the tokenizer's vocabulary size and special ids."""
+    model = Transformer(
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, start_id=tokenizer.start_id,
+        end_id=tokenizer.end_id, **config.model_config(),
+    )
     model.compile(
         optimizer=transformer_optimizer(
             model.d_model, config.effective_warmup(), config.learning_rate_scale
         ),
-        loss=LabelSmoothedCrossEntropy(epsilon=config.label_smoothing),
-        metrics=[MaskedAccuracy(), Perplexity()],
+        loss=LabelSmoothedCrossEntropy(epsilon=config.label_smoothing, pad_id=model.pad_id),
+        metrics=[MaskedAccuracy(pad_id=model.pad_id), Perplexity(pad_id=model.pad_id)],
     )
     model.build()
     return model
@@ -149,8 +92,8 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
 
     `corpus` is the config's corpus when the caller has already loaded it.
     """
-    from keras_transformer.text.datasets import make_dataset
-    from keras_transformer.text.tokenizer import Tokenizer
+    from keras_transformer.tools.text.datasets import make_dataset
+    from keras_transformer.tools.text.tokenizer import Tokenizer
 
     config.validate()
     output_dir = pathlib.Path(output_dir)
@@ -160,10 +103,8 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
     print(corpus.summary(), flush=True)
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    for stale in output_dir.rglob("*.tmp*"):  # what a killed run was writing; never read
-        stale.unlink()
     if not resuming:
-        kt_callbacks.write_json(output_dir / "config.json", dataclasses.asdict(config))
+        files.write_json(output_dir / "config.json", dataclasses.asdict(config))
     tokenizer_dir = output_dir / "tokenizer"
     if (tokenizer_dir / "vocab.txt").exists():
         tokenizer = Tokenizer.load(tokenizer_dir)
@@ -176,7 +117,7 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
     print(f"vocabulary: {tokenizer.vocab_size} tokens (asked for at most {config.vocab_size})", flush=True)
 
     keras.utils.set_random_seed(config.seed)
-    model = build_model(config, tokenizer.vocab_size)
+    model = build_model(config, tokenizer)
     initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if initial_epoch:
@@ -209,9 +150,8 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
         shuffle=False,  # the dataset shuffles itself
     )
     train_seconds = time.time() - start
-    tmp = output_dir / "model.tmp.keras"
-    model.save(tmp)
-    os.replace(tmp, output_dir / "model.keras")
+    with files.atomic_write(output_dir / "model.keras") as tmp:
+        model.save(tmp)
 
     metrics = {"steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)), "backend": keras.backend.backend(),
                "train_seconds_this_session": round(train_seconds, 1)}
@@ -219,6 +159,6 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         results = model.evaluate(test_data, return_dict=True, verbose=0)
         metrics.update({f"test_{k}": float(v) for k, v in results.items()})
-    kt_callbacks.write_json(output_dir / "metrics.json", metrics)
+    files.write_json(output_dir / "metrics.json", metrics)
     print(json.dumps(metrics), flush=True)
     return metrics

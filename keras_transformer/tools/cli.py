@@ -12,12 +12,12 @@ import dataclasses
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Only the settings modules, which import no backend: `--help` and argument checks stay fast.
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
+from keras_transformer.tools.config import RunError, TrainConfig
 
 
 def _train_parser(sub) -> None:
-    from keras_transformer.training import TrainConfig
-
     d = TrainConfig()
     p = sub.add_parser(
         "train",
@@ -73,7 +73,7 @@ def _train_parser(sub) -> None:
 
 
 def _run_train(args) -> int:
-    from keras_transformer.training import TrainConfig, train
+    from keras_transformer.tools.training import train
 
     corpus = args.corpus or ("tsv" if args.tsv else "files" if (args.source_file or args.target_file) else "numbers")
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
@@ -86,8 +86,8 @@ def _run_train(args) -> int:
 
 
 def _decoding_flags(p) -> None:
-    p.add_argument("--beam-size", type=int, default=4, help="Beam size (1: greedy).")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="alpha of ((5 + |Y|) / 6)^alpha.")
+    p.add_argument("--beam-size", type=int, default=BEAM_SIZE, help="Beam size (1: greedy).")
+    p.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY, help="alpha of ((5 + |Y|) / 6)^alpha.")
     p.add_argument("--batch-size", type=int, default=64, help="Sentences decoded together.")
 
 
@@ -114,9 +114,9 @@ def _run_evaluate(args) -> int:
     import json
     import pathlib
 
-    from keras_transformer import evaluation
-    from keras_transformer.training import TrainConfig, load_corpus
-    from keras_transformer.text import corpora
+    from keras_transformer.tools import evaluation
+    from keras_transformer.tools.text import corpora
+    from keras_transformer.tools.training import load_corpus
 
     model, tokenizer = evaluation.load_run(args.run_dir)
     if args.source_file or args.target_file:
@@ -160,7 +160,7 @@ def _translate_parser(sub) -> None:
 
 
 def _run_translate(args) -> int:
-    from keras_transformer import evaluation
+    from keras_transformer.tools import evaluation
 
     model, tokenizer = evaluation.load_run(args.run_dir)
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
@@ -183,13 +183,13 @@ def _export_parser(sub) -> None:
     )
     p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
     p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
-    p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--length-penalty", type=float, default=0.6)
+    p.add_argument("--beam-size", type=int, default=BEAM_SIZE)
+    p.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY)
     p.set_defaults(handler=_run_export)
 
 
 def _run_export(args) -> int:
-    from keras_transformer import evaluation, export
+    from keras_transformer.tools import evaluation, export
 
     model, tokenizer = evaluation.load_run(args.run_dir)
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
@@ -245,8 +245,8 @@ def _run_demo(args) -> int:
 
     import keras
 
-    from keras_transformer import evaluation, export
-    from keras_transformer.training import TrainConfig, load_corpus, train
+    from keras_transformer.tools import evaluation, export, files
+    from keras_transformer.tools.training import load_corpus, train
 
     start = time.time()
     out = pathlib.Path(args.output_dir)
@@ -287,7 +287,7 @@ def _run_demo(args) -> int:
         print(f"  {source}  ->  {translation}   [{mark}]")
     summary = dict(scores, backend=keras.backend.backend(), wall_seconds=round(time.time() - start, 1),
                    decode_seconds=round(decode_seconds, 1))
-    (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    files.write_json(out / "demo.json", summary)
     print(serving_instructions(out / "translator"))
     print(f"done in {summary['wall_seconds']:.0f} s; summary in {out / 'demo.json'}")
     return 0
@@ -321,20 +321,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from keras_transformer.evaluation import RunDirError
-    from keras_transformer.training import RunError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in _CLAIMS:
         import importlib
 
         return importlib.import_module(f"keras_transformer.claims.{_CLAIMS[argv[0]]}").main(argv[1:])
     args = build_parser().parse_args(argv)
+    _quiet_backend_logs()
+    from keras_transformer.tools.evaluation import RunDirError
+
     try:
         return args.handler(args)
     except (RunError, RunDirError) as e:
         print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _quiet_backend_logs() -> None:
+    """No TensorFlow / absl / XLA start-up lines (CUDA probing on a machine without a
+    GPU) unless the user set their own level."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import pathlib
 import keras
 import numpy as np
 
-from keras_transformer import decoding
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
+from keras_transformer.tools import files
 
 
 class RunDirError(Exception):
@@ -40,7 +41,7 @@ def load_model_file(model_file):
 
 
 def _load_tokenizer(directory):
-    from keras_transformer.text import Tokenizer
+    from keras_transformer.tools.text import Tokenizer
 
     try:
         return Tokenizer.load(directory)
@@ -48,13 +49,27 @@ def _load_tokenizer(directory):
         raise RunDirError(str(e)) from None
 
 
-def translate_texts(model, tokenizer, texts, beam_size=4, length_penalty=0.6, batch_size=64, max_extra_length=50):
+def check_special_ids(model, tokenizer) -> None:
+    """Refuse a model and tokenizer whose vocabulary size or special ids differ."""
+    pairs = [("vocab_size", model.vocab_size, tokenizer.vocab_size)]
+    pairs += [(name, getattr(model, name), getattr(tokenizer, name)) for name in ("pad_id", "start_id", "end_id")]
+    differences = [f"{name}: model {m}, tokenizer {t}" for name, m, t in pairs if m != t]
+    if differences:
+        raise RunDirError(
+            f"The model and the tokenizer disagree ({'; '.join(differences)}); use the tokenizer "
+            "the model was trained with."
+        )
+
+
+def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, batch_size=64,
+                    max_extra_length=MAX_EXTRA_LENGTH):
     """Translate a list of strings, batched by length; returns strings in input order."""
+    check_special_ids(model, tokenizer)
     texts = list(texts)
     if not texts:
         return []
     # One tokenizer call for all texts; each row without its padding.
-    ids = [row[row != 0] for row in tokenizer.tokenize_dense(texts).numpy()]
+    ids = [row[row != tokenizer.pad_id] for row in tokenizer.tokenize_dense(texts).numpy()]
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     results = [""] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -63,16 +78,10 @@ def translate_texts(model, tokenizer, texts, beam_size=4, length_penalty=0.6, ba
             continue
         # Widths are rounded up to a multiple of 8: fewer shapes to compile.
         width = -(-max(len(ids[i]) for i in chunk) // 8) * 8
-        source = np.zeros((len(chunk), width), "int32")
+        source = np.full((len(chunk), width), tokenizer.pad_id, "int32")
         for r, i in enumerate(chunk):
             source[r, : len(ids[i])] = ids[i]
-        if beam_size == 1:
-            out = decoding.greedy_search(model, source, max_extra_length=max_extra_length)
-        else:
-            out = decoding.beam_search(
-                model, source, beam_size=beam_size, length_penalty_alpha=length_penalty,
-                max_extra_length=max_extra_length,
-            )
+        out = model.translate(source, beam_size, length_penalty, max_extra_length)
         for i, text in zip(chunk, tokenizer.detokenize_dense(keras.ops.convert_to_numpy(out))):
             results[i] = text
     return results
@@ -112,7 +121,7 @@ def score(hypotheses, references, tokenizer=None) -> dict:
 def write_lines(path, lines) -> None:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    files.write_text(path, "".join(line + "\n" for line in lines))
 
 
 def dumps(data) -> str:

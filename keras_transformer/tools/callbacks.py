@@ -1,29 +1,26 @@
 """Training callbacks: resumable state, checkpoint averaging, and training curves.
 
 Checkpoints are NumPy `.npz` files holding variables in a fixed order, so they are the
-same whatever backend wrote them. Every file is written to a temporary name and renamed
-into place (`os.replace` is atomic), so a process killed at any moment leaves either the
-previous file or the new one, never a half-written one.
+same whatever backend wrote them. Every file is written with `files.atomic_write`, so a
+process killed at any moment leaves either the previous file or the new one, never a
+half-written one.
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import os
 import pathlib
 
 import keras
 import numpy as np
 
+from keras_transformer.tools import files
+from keras_transformer.tools.files import write_json  # noqa: F401 (re-exported for callers)
+
 
 def _save_npz(path: pathlib.Path, **arrays) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with files.atomic_write(path) as tmp:
+        np.savez(tmp, **arrays)
 
 
 def _weights_dict(variables) -> dict[str, np.ndarray]:
@@ -168,16 +165,7 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    tmp = pathlib.Path(png_path).with_name(pathlib.Path(png_path).name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with files.atomic_write(png_path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
-    os.replace(tmp, png_path)
     return True
-
-
-def write_json(path, data) -> None:
-    """Write JSON atomically (used for configs and metric summaries)."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from keras_transformer.text.tokenizer import END_ID, PAD_ID, START_ID, Tokenizer
+from keras_transformer.tools.text.tokenizer import Tokenizer
 
 
 def bucket_lengths(max_length: int) -> list[int]:
@@ -69,8 +69,7 @@ def make_dataset(
     ds = tf.data.Dataset.from_tensor_slices((sources, targets))
     if shuffle:
         ds = ds.shuffle(len(pairs), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
+    start_id, end_id, pad_id = tokenizer.start_id, tokenizer.end_id, tokenizer.pad_id
 
     def tokenize(src, tgt):
         return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
@@ -78,8 +77,8 @@ def make_dataset(
     def to_example(src, tgt):
         src = tf.cast(src, tf.int32)
         tgt = tf.cast(tgt, tf.int32)
-        decoder_input = tf.concat([[START_ID], tgt], axis=0)
-        labels = tf.concat([tgt, [END_ID]], axis=0)
+        decoder_input = tf.concat([[start_id], tgt], axis=0)
+        labels = tf.concat([tgt, [end_id]], axis=0)
         return src, decoder_input, labels
 
     def short_enough(src, decoder_input, labels):
@@ -92,13 +91,17 @@ def make_dataset(
         .map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
         .filter(short_enough)
     )
+    if repeat:
+        # After the filter: a corpus where no pair fits gives no batch instead of an
+        # endless search for one.
+        ds = ds.repeat()
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
         # A pair of length n goes to the first bucket whose padded length is >= n.
         bucket_boundaries=[n + 1 for n in lengths[:-1]],
         bucket_batch_sizes=[max(1, batch_tokens // n) for n in lengths],
         padded_shapes=([None], [None], [None]),
-        padding_values=(PAD_ID, PAD_ID, PAD_ID),
+        padding_values=(pad_id, pad_id, pad_id),
         pad_to_bucket_boundary=False,
         drop_remainder=drop_remainder,
     )
@@ -109,7 +112,7 @@ def make_dataset(
         target = tf.gather(tf.constant(lengths), tf.reduce_min(tf.where(tf.constant(lengths) >= length)))
 
         def pad(x):
-            return tf.pad(x, [[0, 0], [0, target - tf.shape(x)[1]]], constant_values=PAD_ID)
+            return tf.pad(x, [[0, 0], [0, target - tf.shape(x)[1]]], constant_values=pad_id)
 
         return {"source_ids": pad(src), "target_ids": pad(decoder_input)}, pad(labels)
 

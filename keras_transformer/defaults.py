@@ -1,0 +1,26 @@
+"""The paper's settings and the default special token ids, written once.
+
+Imports nothing (no Keras, no backend), so that the command line can show them in
+`--help` without loading a backend. `keras_transformer.decoding` and
+`keras_transformer.models` re-export what they use.
+"""
+
+# Special token ids: a model (`Transformer(pad_id=..., start_id=..., end_id=...)`) and
+# its tokenizer carry their own, which must agree; these are what both use by default.
+PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
+
+# Decoding (section 6.1): "beam search with a beam size of 4 and length penalty
+# alpha = 0.6 ... maximum output length during inference to input length + 50".
+BEAM_SIZE = 4
+LENGTH_PENALTY = 0.6
+MAX_EXTRA_LENGTH = 50
+
+# Model sizes.
+PRESETS = {
+    # Table 3 of the paper, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.
+    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
+    # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE).
+    "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+    # Small enough to train in minutes on a laptop CPU: tests and demos.
+    "tiny": dict(num_layers=2, d_model=128, num_heads=4, d_ff=512, dropout=0.1),
+}

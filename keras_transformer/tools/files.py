@@ -1,0 +1,91 @@
+"""Atomic writes: the one way the tools write a file or directory that must never be
+seen half-written (everything a run directory needs to resume, and every result).
+
+The content goes to a temporary name beside the target (`name.tmp.ext`, so that writers
+that read the extension still work), is flushed to disk (fsync), and is renamed into
+place; the rename is atomic, so a process killed at any moment leaves the old version
+or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+
+
+def temporary_path(path) -> pathlib.Path:
+    """The temporary name a write to `path` uses: `checkpoint.tmp.npz` for `checkpoint.npz`."""
+    path = pathlib.Path(path)
+    return path.with_name(f"{path.stem}.tmp{path.suffix}")
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yield a temporary path to write `path` through; on success it replaces `path`.
+
+    Works for a file or a directory (write the directory's files into the yielded
+    path). On an exception the temporary is removed and `path` is left as it was.
+    """
+    path = pathlib.Path(path)
+    tmp = temporary_path(path)
+    _remove(tmp)  # a leftover of a killed writer
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if path.is_dir() and not path.is_symlink():
+            # A directory cannot be replaced by rename while it holds files: move the
+            # old one aside first (a kill here leaves the old one under `.old`).
+            old = path.with_name(path.name + ".old")
+            _remove(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+        _fsync_directory(path.parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_text(path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path, data) -> None:
+    """Write `data` as indented JSON to `path` atomically."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _remove(path: pathlib.Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _fsync_tree(path: pathlib.Path) -> None:
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    for f in files:
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    if path.is_dir():
+        _fsync_directory(path)
+
+
+def _fsync_directory(path: pathlib.Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
