@@ -180,3 +180,15 @@ def test_symbolic_cache_call_specs():
     out, new_cache = layer(x, x, use_causal_mask=True, cache=cache, cache_index=2)
     assert tuple(out.shape) == (None, 1, 8)
     assert tuple(new_cache.shape) == (None, 6, 2, 8)
+
+
+def test_padding_masks_of_the_wrong_shape_are_refused():
+    layer = _layer(num_heads=2, d_model=8, t_q=4, t_k=6)
+    rng = np.random.default_rng(9)
+    y, x = rng.normal(size=(2, 4, 8)).astype("float32"), rng.normal(size=(2, 6, 8)).astype("float32")
+    with pytest.raises(ValueError, match=r"`value_mask` must have shape \(batch, positions\) = \(2, 6\)\. Received: value_mask.shape=\(2, 4\)"):
+        layer(y, x, value_mask=np.ones((2, 4), bool))  # would reshape to (B=3, ...) silently with -1
+    with pytest.raises(ValueError, match=r"`query_mask` must have shape .* Received: query_mask.shape=\(2, 4, 1\)"):
+        layer(y, x, query_mask=np.ones((2, 4, 1), bool))
+    with pytest.raises(ValueError, match=r"value_mask.shape=\(1, 6\)"):
+        layer(y, x, value_mask=np.ones((1, 6), bool))

@@ -1,12 +1,13 @@
 """`keras-transformer train`: bad input, and a short run killed, resumed and finished."""
 
 import csv
+import gzip
 import json
-import signal
+import re
 import subprocess
 import sys
-import time
 
+import keras
 import numpy as np
 import pytest
 
@@ -21,31 +22,85 @@ def _run(tmp_path, *args):
     return cli.main(["train", "--output-dir", str(tmp_path), *SMALL, *args])
 
 
-def test_bad_input_exits_2_before_training(tmp_path, capsys):
-    src, tgt = tmp_path / "a.txt", tmp_path / "b.txt"
-    src.write_text("one\ntwo\nthree\n")
-    tgt.write_text("eins\nzwei\n")
-    cases = [
-        (["--source-file", str(src), "--target-file", str(tgt)], r"a.txt has 3 lines, .*b.txt has 2 lines"),
-        (["--source-file", str(src), "--target-file", str(tmp_path / "nope.txt")], r"File not found: .*nope.txt"),
-        (["--vocab-size", "4"], r"--vocab-size 4 is too small"),
+def _snapshot(directory):
+    """Every file below `directory` with its bytes (an empty dict if there is none)."""
+    if not directory.exists():
+        return None
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _bad_input_cases(tmp_path):
+    """(arguments, fragment of the one error line): every case must exit 2 and leave the
+    output directory as it was."""
+    def write(name, data):
+        path = tmp_path / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+        return str(path)
+
+    src, tgt = write("a.txt", "one\ntwo\nthree\n"), write("b.txt", "eins\nzwei\n")
+    full = gzip.compress("\n".join(f"w{i}" for i in range(300)).encode())
+    four_hundred = write("pairs.tsv", "".join(f"sentence {i} here\tsatz {i} hier\n" for i in range(400)))
+    return [
+        (["--source-file", src, "--target-file", tgt], r"a.txt has 3 lines, .*b.txt has 2 lines"),
+        (["--source-file", src, "--target-file", str(tmp_path / "nope.txt")], r"File not found: .*nope.txt"),
+        (["--source-file", src], r"--source-file and --target-file must be given together"),
+        (["--vocab-size", "4"], r"--vocab-size must be >= 5"),
+        (["--tsv", write("bad.tsv", "a\tb\nno tab\n")], r"bad.tsv, line 2: expected 'source<TAB>target'"),
+        (["--tsv", write("bytes.tsv", b"a\tb\n\xc3\x28\tx\n")], r"bytes.tsv, line 2: not valid UTF-8"),
+        (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 empty lines skipped"),
+        (["--tsv", str(tmp_path)], r"Not a file"),
+        (["--source-file", write("cut.gz", full[: len(full) // 2]), "--target-file", src], r"cut.gz is not a complete gzip file"),
+        (["--source-file", write("plain.gz", "not gzip\n"), "--target-file", src], r"plain.gz is not a complete gzip file"),
+        (["--train-size", "50"], r"--train-size must be in \[100, 998000\].*got 50"),
+        (["--seed", "-1"], r"--seed must be in \[0, 2\*\*32\); got -1"),
+        (["--min-frequency", "-1"], r"--min-frequency must be >= 0; got -1"),
+        (["--d-model", "32", "--num-heads", "3"], r"--d-model \(32\) must be divisible by --num-heads \(3\)"),
+        (["--steps", "0", "--dropout", "1.5"], r"--steps must be >= 1; got 0.*--dropout must be in \[0, 1\)"),
+        (["--tsv", four_hundred, "--holdout", "100000"], r"--holdout 100000 asks for 200000 held-out pairs.*400 pairs"),
+        (["--tsv", four_hundred, "--holdout", "20", "--max-length", "3"],
+         r"only 0 training pairs are left \(\d+ longer than --max-length 3 dropped"),
     ]
-    bad_tsv = tmp_path / "bad.tsv"
-    bad_tsv.write_text("a\tb\nno tab\n")
-    cases.append((["--tsv", str(bad_tsv)], r"bad.tsv, line 2"))
-    undecodable = tmp_path / "bytes.tsv"
-    undecodable.write_bytes(b"a\tb\n\xc3\x28\tx\n")
-    cases.append((["--tsv", str(undecodable)], r"bytes.tsv, line 2: not valid UTF-8"))
-    empty = tmp_path / "empty.tsv"
-    empty.write_text("\n\n")
-    cases.append((["--tsv", str(empty)], r"empty.*2 empty lines skipped"))
-    for i, (args, message) in enumerate(cases):
+
+
+def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys):
+    for i, (args, message) in enumerate(_bad_input_cases(tmp_path)):
         out = tmp_path / f"run{i}"
-        assert cli.main(["train", "--output-dir", str(out), *args]) == 2
+        assert cli.main(["train", "--output-dir", str(out), *args]) == 2, args
         err = capsys.readouterr().err
-        assert __import__("re").search(message, err), err
-        assert err.count("error:") == 1
-        assert not out.exists()  # nothing written before the error
+        assert re.search(message, err), (args, err)
+        assert err.count("\n") == 1 and err.startswith("keras-transformer train: error: "), err
+        assert not out.exists(), args  # nothing written before the error
+
+
+def test_bad_output_directories_are_refused_untouched(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    foreign = tmp_path / "notes"
+    (foreign / "x.tmp").mkdir(parents=True)  # a user's folder that merely looks temporary
+    (foreign / "todo.txt").write_text("keep me")
+    for out, message in ((a_file, "is a file, not a directory"), (foreign, r"not empty and holds no run \(todo.txt, x.tmp\)")):
+        before = _snapshot(out) if out.is_dir() else out.read_bytes()
+        assert _run(out) == 2
+        assert re.search(message, capsys.readouterr().err)
+        assert (_snapshot(out) if out.is_dir() else out.read_bytes()) == before
+    assert (foreign / "x.tmp").is_dir()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    (["translate", "--beam-size", "0", "x"], "argument --beam-size: must be >= 1, got 0"),
+    (["translate", "--batch-size", "-1", "x"], "argument --batch-size: must be >= 1, got -1"),
+    (["evaluate", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["evaluate", "--length-penalty", "-1"], "argument --length-penalty: must be >= 0.0, got -1"),
+    (["export", "--beam-size", "0"], "argument --beam-size: must be >= 1, got 0"),
+    (["demo", "--eval-size", "0"], "argument --eval-size: must be >= 1, got 0"),
+])
+def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and err.startswith(f"keras-transformer {argv[0]}: error:"), err
 
 
 def test_different_config_in_output_dir_is_refused(tmp_path, capsys):
@@ -63,52 +118,88 @@ def test_exit_status_from_the_console_script(tmp_path):
         [sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir", str(tmp_path), "--vocab-size", "3"],
         capture_output=True, text=True, timeout=120,
     )
-    assert result.returncode == 2 and "too small" in result.stderr
+    assert result.returncode == 2 and "--vocab-size must be >= 5" in result.stderr
 
 
-def test_killed_run_resumes_and_ends_at_the_requested_step(tmp_path):
-    args = [sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir", str(tmp_path), *SMALL,
-            "--steps", "80", "--steps-per-epoch", "10", "--average-checkpoints", "3"]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = tmp_path / "state" / "state.npz"
-    deadline = time.time() + 240
-    try:
-        # Kill once at least two epochs have been saved, whatever is being written then.
-        while time.time() < deadline:
-            if state.exists():
-                with np.load(state) as data:
-                    if int(data["epochs_done"]) >= 2:
-                        break
-            if process.poll() is not None:
-                pytest.fail("training ended before it could be killed")
-            time.sleep(0.05)
-        else:
-            pytest.fail("no checkpoint within the deadline")
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.wait()
-    with np.load(state) as data:
-        done_before = int(data["epochs_done"])
-    assert done_before < 8
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+# Runs the command in a child that kills itself (SIGKILL) just before the `nth` atomic
+# rename whose target is named `target`: the moment a file is complete under its
+# temporary name but not yet in place. A kill anywhere else is no harder for resumption.
+KILLER = """
+import os, signal, sys
+target, nth = sys.argv[1], int(sys.argv[2])
+seen = 0
+real_replace = os.replace
+def replace(src, dst, *args, **kwargs):
+    global seen
+    if os.path.basename(os.fspath(dst)) == target:
+        seen += 1
+        if seen == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst, *args, **kwargs)
+os.replace = replace
+import keras_transformer_cli
+sys.exit(keras_transformer_cli.main(sys.argv[3:]))
+"""
+
+
+def _copy_task(path, size=600):
+    """A small TSV corpus: words reversed and upper-cased."""
+    rng = np.random.default_rng(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    lines = []
+    for _ in range(size):
+        sentence = list(rng.choice(words, size=rng.integers(2, 7)))
+        lines.append(" ".join(sentence) + "\t" + " ".join(w.upper() for w in reversed(sentence)))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--output-dir", str(out), "--tsv", _copy_task(tmp_path / "copy.tsv"), "--holdout", "20",
+            "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "512", "--max-length", "16",
+            "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--quiet",
+            "--steps", "15", "--steps-per-epoch", "5", "--average-checkpoints", "2"]
+    moments = [
+        ("config.json", 1),             # the config written, not yet in place
+        ("tokenizer", 1),               # the whole vocabulary written under its temporary name
+        ("checkpoint_000001.npz", 1),   # an epoch checkpoint
+        ("state.npz", 2),               # the resumption state of the second epoch
+        ("model.keras", 1),             # training done, the averaged model not yet in place
+    ]
+    for target, nth in moments:
+        result = subprocess.run([sys.executable, "-c", KILLER, target, str(nth), *args],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == -9, (target, result.returncode, result.stderr[-2000:])
+    result = subprocess.run([sys.executable, "-c", KILLER, "never", "1", *args], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"resuming {tmp_path} after step {done_before * 10}" in result.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 80
-    # Every file on disk is complete: all checkpoints load, no temporary file is left.
-    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
-    for path in list((tmp_path / "checkpoints").glob("*.npz")) + [state]:
+    assert "resuming" in result.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 15
+    # Every file on disk is complete and none is left under a temporary name.
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name], list(out.rglob("*.tmp*"))
+    for path in list((out / "checkpoints").glob("*.npz")) + [out / "state" / "state.npz"]:
         with np.load(path) as data:
             assert len(data.files) > 0
-    with np.load(state) as data:
-        assert int(data["epochs_done"]) == 8
-    # The finished run holds everything `train` promises, and the loss fell.
-    with open(tmp_path / "log.csv") as f:
-        losses = [float(r["loss"]) for r in csv.DictReader(f)]
-    assert len(losses) >= 8 and losses[-1] < losses[0] * 0.8
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert 0.0 < metrics["test_accuracy"] <= 1.0
-    for name in ("config.json", "model.keras", "curves.png", "tokenizer/vocab.txt"):
-        assert (tmp_path / name).is_file(), name
-    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    assert any((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
-    assert len(list((tmp_path / "checkpoints").glob("checkpoint_*.npz"))) == 3
+    with np.load(out / "state" / "state.npz") as data:
+        assert int(data["epochs_done"]) == 3
+    data = json.loads((out / "data.json").read_text())
+    assert data["train_pairs"] > 400 and data["train_too_long"] == 0
+    model = keras.saving.load_model(out / "model.keras")
+    assert model.translate(np.array([[5, 6, 7]], "int32"), beam_size=1, max_length=4).shape == (1, 4)
+    with open(out / "log.csv") as f:
+        assert len(list(csv.DictReader(f))) >= 3
+    for name in ("config.json", "model.keras", "curves.png", "tokenizer/vocab.txt", "train.lock"):
+        assert (out / name).is_file(), name
+
+
+def test_a_second_train_on_the_same_directory_is_refused(tmp_path):
+    from keras_transformer.tools import files
+
+    with files.lock(tmp_path / "train.lock", RuntimeError("held")):
+        result = subprocess.run([sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir",
+                                 str(tmp_path), *SMALL, "--steps", "10"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert f"another `train` is running on {tmp_path}" in result.stderr
+    assert not (tmp_path / "config.json").exists()  # written under the lock only

@@ -1,6 +1,8 @@
 """`keras-transformer demo`, `evaluate`, `translate` and `export` on a short run."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -59,3 +61,59 @@ def test_missing_or_broken_checkpoint_exits_2(tmp_path, capsys):
     assert cli.main(["export", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "is not a Keras model file" in err and err.count("error:") == 1
+
+
+def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",)):
+    """The installed command's code path (`keras_transformer_cli.main`) in a child process."""
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    return subprocess.run([sys.executable, "-c", "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main())",
+                           *args], input=stdin, capture_output=True, timeout=300, env=env)
+
+
+def test_the_command_line_is_quiet_and_reads_any_line_ending(demo):
+    run = str(demo / "run")
+    result = _console("translate", "--run-dir", run, "--beam-size", "1", stdin=b"one\r\ntwo\rthree\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.decode().splitlines()) == 3  # \r\n, \r and \n all end a line
+    # No TensorFlow / XLA start-up lines (CUDA probing on a CPU-only machine) unless asked for.
+    noise = [line for line in result.stderr.decode().splitlines() if re.match(r"^([IWE]0000|WARNING: All log)", line)]
+    assert noise == [], noise
+
+
+def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path):
+    run = str(demo / "run")
+    result = _console("translate", "--run-dir", run, stdin=b"one\n\xff\xfe\n")
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().endswith("standard input, line 2: not valid UTF-8 (byte 0).")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(empty), "--target-file", str(empty)]) == 2
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert cli.main(["export", "--run-dir", run, "--output", str(a_file)]) == 2
+    assert a_file.read_text() == "mine"
+
+
+def test_parsing_imports_no_backend():
+    code = """
+import sys, time
+import keras_transformer_cli
+from keras_transformer.tools import cli
+start = time.perf_counter()
+for argv in (["train", "--steps", "3"], ["translate", "x"], ["evaluate"], ["export"], ["demo"]):
+    cli.parse(argv)
+print(sorted(m for m in ("tensorflow", "jax", "torch", "keras") if m in sys.modules), time.perf_counter() - start)
+"""
+    # The launcher's way: the package's __init__ (which loads Keras) has not run yet.
+    launcher = """
+import importlib.util, sys
+spec = importlib.util.find_spec("keras_transformer")
+sys.modules["keras_transformer"] = importlib.util.module_from_spec(spec)
+""" + code
+    result = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules, seconds = result.stdout.split("]")
+    assert modules == "[", modules
+    help_run = subprocess.run([sys.executable, "-c", "import sys, keras_transformer_cli; keras_transformer_cli.main(['train', '--help'])"],
+                              capture_output=True, text=True, timeout=60)
+    assert help_run.returncode == 0 and "--output-dir" in help_run.stdout

@@ -126,10 +126,14 @@ def test_bad_arguments():
 
 def test_compiled_searches_are_bounded_and_owned_by_the_model():
     model = _model()
-    for n in range(3, 13):
+    assert model._searches.max_entries == 8
+    model._searches.max_entries = 2  # the same rule with fewer compilations
+    for n in (3, 4, 5):
         model.translate(_source(), beam_size=1, max_length=n)
-    assert len(model._searches) == model._searches.max_entries == 8
-    assert "_kt_decoders" not in model.__dict__
+    assert len(model._searches) == 2
+    first = model._searches.get((5, 1, 0.6, 0, True), lambda: None)
+    assert first is not None  # the newest setting is kept; the oldest (3) was dropped
+    assert model._searches.get((3, 1, 0.6, 0, True), lambda: "made again") == "made again"
 
 
 class _TinyLM:

@@ -348,6 +348,15 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.reshape(x, (batch, length, self.num_heads, head_dim))
 
+    def _check_mask(self, name, mask, expected):
+        """A padding mask must be `(B, T)` for the positions it masks; known sizes must match."""
+        shape = tuple(mask.shape)
+        if len(shape) != 2 or any(a is not None and b is not None and a != b for a, b in zip(shape, expected)):
+            raise ValueError(
+                f"Layer '{self.name}': `{name}` must have shape (batch, positions) = {expected}. "
+                f"Received: {name}.shape={shape}"
+            )
+
     def _attention_mask(
         self, q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
     ):
@@ -365,9 +374,11 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = ops.cast(attention_mask, "bool")
             masks.append(ops.expand_dims(mask, 1) if rank == 3 else mask)
         if query_mask is not None:
+            self._check_mask("query_mask", query_mask, (q.shape[0], q.shape[1]))
             masks.append(ops.reshape(ops.cast(query_mask, "bool"), (-1, 1, q_len, 1)))
         if value_mask is not None:
             # With a cache, the keys are the cache's positions: (B, max_length).
+            self._check_mask("value_mask", value_mask, (k.shape[0], k.shape[1]))
             masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
         if cache is not None and cache_index is not None:
             # Only positions written so far are valid keys: j < cache_index + T_q.

@@ -8,9 +8,12 @@ one message and exit with status 2 before any training starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+import re
 import sys
+import tempfile
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
@@ -85,10 +88,32 @@ def _run_train(args) -> int:
     return 0
 
 
-def _decoding_flags(p) -> None:
-    p.add_argument("--beam-size", type=int, default=BEAM_SIZE, help="Beam size (1: greedy).")
-    p.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY, help="alpha of ((5 + |Y|) / 6)^alpha.")
-    p.add_argument("--batch-size", type=int, default=64, help="Sentences decoded together.")
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line, `keras-transformer COMMAND: error: ...`, and status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _at_least(minimum, kind=int):
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return convert
+
+
+def _decoding_flags(p, batch=True) -> None:
+    p.add_argument("--beam-size", type=_at_least(1), default=BEAM_SIZE, help="Beam size (1: greedy).")
+    p.add_argument("--length-penalty", type=_at_least(0.0, float), default=LENGTH_PENALTY,
+                   help="alpha of ((5 + |Y|) / 6)^alpha.")
+    if batch:
+        p.add_argument("--batch-size", type=_at_least(1), default=64, help="Sentences decoded together.")
 
 
 def _evaluate_parser(sub) -> None:
@@ -104,7 +129,7 @@ def _evaluate_parser(sub) -> None:
                    help="Which split of the run's corpus to translate.")
     p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
     p.add_argument("--target-file", help="... with these references.")
-    p.add_argument("--limit", type=int, help="Only the first N sentences.")
+    p.add_argument("--limit", type=_at_least(1), help="Only the first N sentences.")
     p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
     _decoding_flags(p)
     p.set_defaults(handler=_run_evaluate)
@@ -118,25 +143,30 @@ def _run_evaluate(args) -> int:
     from keras_transformer.tools.text import corpora
     from keras_transformer.tools.training import load_corpus
 
+    if bool(args.source_file) != bool(args.target_file):
+        raise RunError("--source-file and --target-file must be given together.")
+    out = pathlib.Path(args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
+    if out.is_dir():
+        raise RunError(f"--hypotheses {out} is a directory; give a file name.")
     model, tokenizer = evaluation.load_run(args.run_dir)
-    if args.source_file or args.target_file:
-        try:
-            pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
-        except (corpora.CorpusError, TypeError) as e:
-            raise evaluation.RunDirError(str(e) if isinstance(e, corpora.CorpusError) else
-                                         "--source-file and --target-file must be given together.") from None
+    if args.source_file:
+        pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
         name = "files"
     else:
         config_file = pathlib.Path(args.run_dir) / "config.json"
-        config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
+        try:
+            config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as e:
+            raise RunError(f"{config_file} is not a run config ({type(e).__name__}: {e}).") from None
         pairs = getattr(load_corpus(config), args.split)
         name = args.split
     pairs = pairs[: args.limit] if args.limit else pairs
+    if not pairs:
+        raise RunError(f"No sentence pairs to evaluate in the {name} split (empty files?).")
     hypotheses = evaluation.translate_texts(
         model, tokenizer, [s for s, _ in pairs], args.beam_size, args.length_penalty, args.batch_size
     )
     scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
-    out = args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{name}.txt")
     evaluation.write_lines(out, hypotheses)
     print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}  |  {scores['chrf_signature']}")
     print(f"BLEU {scores['bleu']:.2f}  char BLEU {scores['bleu_char']:.2f}  chrF {scores['chrf']:.2f}  "
@@ -163,12 +193,27 @@ def _run_translate(args) -> int:
     from keras_transformer.tools import evaluation
 
     model, tokenizer = evaluation.load_run(args.run_dir)
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    texts = args.texts or _stdin_lines()
     for start in range(0, len(texts), args.batch_size * 4):
         chunk = texts[start : start + args.batch_size * 4]
         for line in evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size):
             print(line, flush=True)
     return 0
+
+
+def _stdin_lines() -> list[str]:
+    """Standard input as lines (`\\n`, `\\r\\n` or `\\r`), decoded as UTF-8 with the line named on error."""
+    data = sys.stdin.buffer.read()
+    rows = re.split(rb"\r\n|\r|\n", data)
+    if rows and rows[-1] == b"":
+        rows.pop()
+    lines = []
+    for number, raw in enumerate(rows, start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise RunError(f"standard input, line {number}: not valid UTF-8 (byte {e.start}).") from None
+    return lines
 
 
 def _export_parser(sub) -> None:
@@ -183,14 +228,15 @@ def _export_parser(sub) -> None:
     )
     p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
     p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
-    p.add_argument("--beam-size", type=int, default=BEAM_SIZE)
-    p.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY)
+    _decoding_flags(p, batch=False)
     p.set_defaults(handler=_run_export)
 
 
 def _run_export(args) -> int:
     from keras_transformer.tools import evaluation, export
 
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
     model, tokenizer = evaluation.load_run(args.run_dir)
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
     print(f"SavedModel written to {args.output}")
@@ -230,8 +276,8 @@ def _demo_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
-    p.add_argument("--eval-size", type=int, default=1000, help="Held-out sentences to translate and score.")
-    p.add_argument("--steps", type=int, help="Training steps, for a quick look. [default: as `train`]")
+    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score.")
+    p.add_argument("--steps", type=_at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.set_defaults(handler=_run_demo)
@@ -302,11 +348,13 @@ def _claims_parser(sub, command: str, help_text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keras-transformer",
         description="The Transformer of 'Attention Is All You Need' on TensorFlow, JAX or PyTorch "
                     "(set KERAS_BACKEND).",
     )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="Show TensorFlow's and XLA's start-up log lines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub)
     _evaluate_parser(sub)
@@ -320,28 +368,86 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def parse(argv=None):
+    """Parse the command line (no backend is imported). `--help` and usage mistakes exit
+    here, with status 0 and 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in _CLAIMS:
+    if argv and argv[0] in _CLAIMS:  # the measurement scripts parse their own flags
+        return argparse.Namespace(command=argv[0], claims_argv=argv[1:], verbose=True)
+    return build_parser().parse_args(argv)
+
+
+def run(args) -> int:
+    """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
+    the input, 1 with a traceback for anything unexpected."""
+    if getattr(args, "claims_argv", None) is not None:
         import importlib
 
-        return importlib.import_module(f"keras_transformer.claims.{_CLAIMS[argv[0]]}").main(argv[1:])
-    args = build_parser().parse_args(argv)
-    _quiet_backend_logs()
-    from keras_transformer.tools.evaluation import RunDirError
+        return importlib.import_module(f"keras_transformer.claims.{_CLAIMS[args.command]}").main(args.claims_argv)
+    from keras_transformer.tools.text.corpora import CorpusError
 
     try:
+        with quiet_backend_start(enabled=not args.verbose):
+            from keras_transformer.tools.evaluation import RunDirError
         return args.handler(args)
-    except (RunError, RunDirError) as e:
+    except (RunError, RunDirError, CorpusError) as e:
         print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # a bug, not a mistake in the input: keep the traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
+              "it with the command line and the traceback above.", file=sys.stderr)
+        return 1
 
 
-def _quiet_backend_logs() -> None:
-    """No TensorFlow / absl / XLA start-up lines (CUDA probing on a machine without a
-    GPU) unless the user set their own level."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+def main(argv=None) -> int:
+    """`keras-transformer ...` (the installed command starts at `keras_transformer_cli.main`,
+    which parses before the library is imported)."""
+    return run(parse(argv))
+
+
+# Lines that TensorFlow's and XLA's C++ code writes to the standard error stream while it
+# loads, before any logging level applies: CPU feature notes, CUDA probing on a machine
+# without a GPU ("failed call to cuInit"). Not errors of the user's command.
+_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]0000 )")
+
+
+@contextlib.contextmanager
+def quiet_backend_start(enabled: bool = True):
+    """Import TensorFlow and Keras with their start-up lines filtered out of stderr.
+
+    The C++ libraries write to file descriptor 2 directly, so the descriptor is pointed at
+    a temporary file for the duration and what it caught is written back afterwards, less
+    the start-up noise. Off with `-v` or when the user set `TF_CPP_MIN_LOG_LEVEL`.
+    """
+    if not enabled or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # device probing happens here
+            import keras  # noqa: F401  (the backend's own start-up)
+
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not _START_UP_NOISE.match(line):
+                    sys.stderr.write(line)
 
 
 if __name__ == "__main__":

@@ -42,22 +42,49 @@ class TrainConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.corpus not in ("numbers", "files", "tsv"):
-            raise RunError(f"Unknown corpus {self.corpus!r}; expected numbers, files or tsv.")
-        if self.corpus == "files" and not (self.source_file and self.target_file):
-            raise RunError("--source-file and --target-file must be given together.")
-        if self.preset not in PRESETS:
-            raise RunError(f"Unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}.")
-        if self.vocab_size < 5:
-            raise RunError(
-                f"--vocab-size {self.vocab_size} is too small: the 4 reserved tokens "
-                "[PAD] [UNK] [START] [END] need ids 0..3, and at least one more token is needed."
-            )
-        for name in ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints"):
-            if getattr(self, name) < 1:
-                raise RunError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}.")
-        if self.batch_tokens < self.max_length:
-            raise RunError(f"--batch-tokens ({self.batch_tokens}) must be >= --max-length ({self.max_length}).")
+        """Check every setting at once; raise `RunError` naming each flag that is wrong.
+
+        Called before anything is read or written, so a typo never leaves a run
+        directory behind.
+        """
+        problems = []
+
+        def need(ok, message):
+            if not ok:
+                problems.append(message)
+
+        need(self.corpus in ("numbers", "files", "tsv"), f"--corpus must be numbers, files or tsv; got {self.corpus!r}")
+        if self.corpus == "files":
+            need(bool(self.source_file and self.target_file), "--source-file and --target-file must be given together")
+        if self.corpus == "tsv":
+            need(bool(self.tsv), "--corpus tsv needs --tsv FILE")
+        need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
+        positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout",
+                    "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
+        for name in positive:
+            value = getattr(self, name)
+            need(value is None or value >= 1, f"--{_flag(name)} must be >= 1; got {value}")
+        need(self.vocab_size >= 5, f"--vocab-size must be >= 5 (the 4 reserved tokens [PAD] [UNK] [START] [END] "
+                                   f"and at least one more); got {self.vocab_size}")
+        need(self.min_frequency >= 0, f"--min-frequency must be >= 0; got {self.min_frequency}")
+        need(0 <= self.seed < 2**32, f"--seed must be in [0, 2**32); got {self.seed}")
+        if self.corpus == "numbers":
+            need(100 <= self.train_size <= 998_000, f"--train-size must be in [100, 998000] (the numbers corpus "
+                                                     f"holds 10^6 numbers, 2000 of them held out); got {self.train_size}")
+        need(self.max_length != 1, "--max-length must be >= 2 (a token and [END]); got 1")
+        need(self.batch_tokens >= self.max_length,
+             f"--batch-tokens ({self.batch_tokens}) must be >= --max-length ({self.max_length})")
+        need(self.learning_rate_scale > 0, f"--learning-rate-scale must be > 0; got {self.learning_rate_scale}")
+        need(0 <= self.label_smoothing < 1, f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
+        need(self.dropout is None or 0 <= self.dropout < 1, f"--dropout must be in [0, 1); got {self.dropout}")
+        if self.preset in PRESETS:
+            model = self.model_config()
+            if min(model["d_model"], model["num_heads"]) >= 1 and model["d_model"] % model["num_heads"]:
+                problems.append(
+                    f"--d-model ({model['d_model']}) must be divisible by --num-heads ({model['num_heads']})"
+                )
+        if problems:
+            raise RunError("; ".join(problems) + ".")
 
     def model_config(self) -> dict:
         config = dict(PRESETS[self.preset])
@@ -70,3 +97,7 @@ class TrainConfig:
         if self.warmup_steps is not None:
             return self.warmup_steps
         return 400 if self.preset == "tiny" else 4000
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

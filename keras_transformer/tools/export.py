@@ -23,6 +23,7 @@ import tempfile
 import keras
 
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
+from keras_transformer.tools import files
 
 
 def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length_penalty: float = LENGTH_PENALTY,
@@ -54,7 +55,9 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
         raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
-        _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with files.atomic_write(path) as tmp:  # a failed export leaves the old SavedModel
+            _export_here(model, tokenizer, tmp, beam_size, length_penalty, max_extra_length)
         return path
     with tempfile.TemporaryDirectory() as tmp:
         model.save(os.path.join(tmp, "model.keras"))

@@ -51,6 +51,26 @@ def atomic_write(path):
         raise
 
 
+@contextlib.contextmanager
+def lock(path, busy: Exception):
+    """Hold an exclusive lock on the file `path` (created if missing) for the block.
+
+    Raises `busy` if another process holds it. The lock is the operating system's
+    (`flock`): it goes away with the process, however the process ends.
+    """
+    import fcntl
+
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def write_text(path, text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     with atomic_write(path) as tmp:

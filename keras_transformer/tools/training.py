@@ -3,7 +3,9 @@
 A run lives in one output directory:
 
     config.json        the run's settings; a different config in the same directory is refused
-    tokenizer/         the shared WordPiece vocabulary
+    tokenizer/         the shared WordPiece vocabulary (written as one unit)
+    data.json          pairs kept and dropped per split and why, the [UNK] rate
+    train.lock         held while `train` runs: a second `train` on the directory is refused
     state/state.npz    weights + optimizer state at the last finished epoch (resumption)
     checkpoints/       the last k epoch checkpoints, averaged into the final model
     model.keras        the final (averaged) model
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import time
 
@@ -47,10 +50,38 @@ def load_corpus(config: TrainConfig):
         raise RunError(str(e)) from None
 
 
+# The names `train` writes in its output directory (and their temporary names): it
+# touches nothing else there.
+RUN_FILES = (
+    "config.json", "tokenizer", "data.json", "state", "checkpoints", "model.keras", "log.csv",
+    "tensorboard", "curves.png", "metrics.json", "train.lock",
+)
+# Fewest training pairs a run accepts after filtering.
+MIN_TRAIN_PAIRS = 100
+# Share of [UNK] in the tokenized training text above which the vocabulary is reported.
+UNK_WARNING = 0.02
+
+
+def _own_names() -> set[str]:
+    names = set(RUN_FILES)
+    names |= {files.temporary_path(n).name for n in RUN_FILES} | {n + ".old" for n in RUN_FILES}
+    return names
+
+
 def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
-    """Refuse a directory that holds a different run; return whether one is there to resume."""
+    """Refuse an output path that is a file, a directory that holds something other than
+    a run, or a run with a different config; return whether a run is there to resume."""
+    if directory.exists() and not directory.is_dir():
+        raise RunError(f"--output-dir {directory} is a file, not a directory.")
     config_file = directory / "config.json"
     if not config_file.exists():
+        foreign = sorted(set(os.listdir(directory)) - _own_names()) if directory.is_dir() else []
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise RunError(
+                f"--output-dir {directory} is not empty and holds no run ({shown}); "
+                "choose a new or empty directory."
+            )
         return False
     try:
         saved = json.loads(config_file.read_text(encoding="utf-8"))
@@ -92,29 +123,85 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
 
     `corpus` is the config's corpus when the caller has already loaded it.
     """
-    from keras_transformer.tools.text.datasets import make_dataset
     from keras_transformer.tools.text.tokenizer import Tokenizer
 
+    # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
     output_dir = pathlib.Path(output_dir)
     resuming = check_output_dir(output_dir, config)
     if corpus is None:
-        corpus = load_corpus(config)  # all input errors surface before anything is written
+        corpus = load_corpus(config)
     print(corpus.summary(), flush=True)
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming:
-        files.write_json(output_dir / "config.json", dataclasses.asdict(config))
     tokenizer_dir = output_dir / "tokenizer"
-    if (tokenizer_dir / "vocab.txt").exists():
+    saved_tokenizer = resuming and tokenizer_dir.is_dir()
+    if saved_tokenizer:
         tokenizer = Tokenizer.load(tokenizer_dir)
     else:
         texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
         tokenizer = Tokenizer.build(
             texts, config.vocab_size, lower_case=config.lower_case, min_frequency=config.min_frequency
         )
-        tokenizer.save(tokenizer_dir)
     print(f"vocabulary: {tokenizer.vocab_size} tokens (asked for at most {config.vocab_size})", flush=True)
+    data = data_statistics(corpus, tokenizer, config.max_length)
+    print(data["summary"], flush=True)
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    busy = RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
+    with files.lock(output_dir / "train.lock", busy):
+        if not resuming:
+            files.write_json(output_dir / "config.json", dataclasses.asdict(config))
+        if not saved_tokenizer:
+            tokenizer.save(tokenizer_dir)
+        files.write_json(output_dir / "data.json", data)
+        return _fit(config, output_dir, corpus, tokenizer, verbose)
+
+
+def data_statistics(corpus, tokenizer, max_length: int) -> dict:
+    """What the input pipeline will keep and drop, and how much of the text is `[UNK]`.
+
+    Raises `RunError` when fewer than `MIN_TRAIN_PAIRS` training pairs fit `max_length`.
+    """
+    import numpy as np
+
+    counts = {"empty_skipped": corpus.skipped_empty}
+    for split in ("train", "validation", "test"):
+        pairs = getattr(corpus, split)
+        if not pairs:
+            counts[f"{split}_pairs"] = counts[f"{split}_too_long"] = 0
+            continue
+        source = tokenizer.tokenize_dense([s for s, _ in pairs]).numpy()
+        target = tokenizer.tokenize_dense([t for _, t in pairs]).numpy()
+        source_length = (source != tokenizer.pad_id).sum(1)
+        target_length = (target != tokenizer.pad_id).sum(1)
+        # The pipeline's rule: source <= max_length, target + [END] <= max_length.
+        too_long = int(np.sum((source_length > max_length) | (target_length + 1 > max_length)))
+        counts[f"{split}_pairs"] = len(pairs) - too_long
+        counts[f"{split}_too_long"] = too_long
+        if split == "train":
+            tokens = int(source_length.sum() + target_length.sum())
+            unknown = int((source == tokenizer.unk_id).sum() + (target == tokenizer.unk_id).sum())
+            counts["train_unk_rate"] = round(unknown / max(tokens, 1), 5)
+    kept, dropped = counts["train_pairs"], counts["train_too_long"]
+    summary = (
+        f"training pairs: {kept} kept, {dropped} longer than --max-length {max_length} dropped, "
+        f"{corpus.skipped_empty} empty skipped; [UNK] is {counts['train_unk_rate']:.2%} of the training tokens"
+    )
+    if counts["train_unk_rate"] > UNK_WARNING:
+        summary += (
+            f"\nwarning: {counts['train_unk_rate']:.1%} of the training tokens are [UNK]; a larger "
+            "--vocab-size or a smaller --min-frequency covers more of the text"
+        )
+    if kept < MIN_TRAIN_PAIRS:
+        raise RunError(
+            f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "
+            f"{corpus.skipped_empty} empty skipped); at least {MIN_TRAIN_PAIRS} are needed. "
+            "Raise --max-length or give a larger corpus."
+        )
+    return {**counts, "summary": summary}
+
+
+def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
+    from keras_transformer.tools.text.datasets import make_dataset
 
     keras.utils.set_random_seed(config.seed)
     model = build_model(config, tokenizer)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import io
 import os
 import pathlib
+import re
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -118,25 +119,40 @@ def numbers_corpus(
     )
 
 
-def _open_text(path: pathlib.Path) -> io.BufferedReader:
-    if not path.is_file():
+def _read_bytes(path: pathlib.Path) -> bytes:
+    """The file's bytes, gunzipped for `.gz`; every read problem as a `CorpusError`."""
+    if not path.exists():
         raise CorpusError(f"File not found: {path}")
-    raw = open(path, "rb")
-    return gzip.open(raw) if path.suffix == ".gz" else raw
+    if not path.is_file():
+        raise CorpusError(f"Not a file: {path}")
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:  # unreadable, not gzip, truncated
+        what = "a complete gzip file" if path.suffix == ".gz" else "readable"
+        raise CorpusError(f"{path} is not {what} ({type(e).__name__}: {e})") from None
+    return data
 
 
 def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line, decoded as UTF-8 with the line named on error."""
-    with _open_text(path) as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CorpusError(
-                    f"{path}, line {number}: not valid UTF-8 (byte {e.start}: "
-                    f"{raw[e.start:e.start + 1]!r})"
-                ) from None
-            yield number, text.rstrip("\r\n").lstrip("\ufeff")
+    """(line number, text) for each line, decoded as UTF-8 with the line named on error.
+
+    Lines end with `\\n`, `\\r\\n` or `\\r` (old Mac files) alike.
+    """
+    data = _read_bytes(path)
+    rows = re.split(rb"\r\n|\r|\n", data)
+    if rows and rows[-1] == b"":
+        rows.pop()  # the final line break
+    for number, raw in enumerate(rows, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorpusError(
+                f"{path}, line {number}: not valid UTF-8 (byte {e.start}: "
+                f"{raw[e.start:e.start + 1]!r})"
+            ) from None
+        yield number, text.lstrip("\ufeff") if number == 1 else text
 
 
 def read_parallel_files(source_file, target_file) -> tuple[list[Pair], int]:
@@ -202,7 +218,12 @@ def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_
     if not pairs:
         raise CorpusError(f"The corpus is empty{': ' + description if description else ''} "
                           f"({skipped_empty} empty lines skipped).")
-    fraction = min(0.2, holdout / len(pairs)) if holdout > 0 else 0.0
+    if 2 * holdout > len(pairs) / 3:
+        raise CorpusError(
+            f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
+            f"than a third of the {len(pairs)} pairs read; use at most --holdout {len(pairs) // 6}."
+        )
+    fraction = holdout / len(pairs) if holdout > 0 else 0.0
     splits: dict[str, list[Pair]] = {"train": [], "validation": [], "test": []}
     for pair in pairs:
         u = int.from_bytes(hashlib.blake2b(pair[0].encode("utf-8"), digest_size=8).digest(), "big") / 2**64
