@@ -20,9 +20,20 @@ from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
 from keras_transformer.tools.config import RunError, TrainConfig
 
 
+def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A sub-command's parser, its defaults shown in --help."""
+    return sub.add_parser(name, help=help, description=description,
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def _run_dir_flag(p) -> None:
+    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+
+
 def _train_parser(sub) -> None:
     d = TrainConfig()
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "train",
         help="Train a Transformer with the paper's recipe.",
         description=(
@@ -31,7 +42,6 @@ def _train_parser(sub) -> None:
             "Killed at any moment, the same command resumes from the last checkpoint. "
             "The backend is KERAS_BACKEND (tensorflow, jax or torch)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("corpus")
     g.add_argument("--corpus", choices=["numbers", "files", "tsv"], default=None,
@@ -117,14 +127,14 @@ def _decoding_flags(p, batch=True) -> None:
 
 
 def _evaluate_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "evaluate",
         help="BLEU, chrF and exact match of a trained run on held-out data.",
         description="Translate a held-out split with beam search and score it with sacreBLEU "
                     "(corpus BLEU and chrF, signatures printed) and exact match.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    _run_dir_flag(p)
     p.add_argument("--split", choices=["test", "validation"], default="test",
                    help="Which split of the run's corpus to translate.")
     p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
@@ -176,15 +186,15 @@ def _run_evaluate(args) -> int:
 
 
 def _translate_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "translate",
         help="Translate sentences given as arguments or on standard input.",
         description="Translate each TEXT argument, or each line of standard input when none is "
                     "given; one translation per line on standard output.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
-    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    _run_dir_flag(p)
     _decoding_flags(p)
     p.set_defaults(handler=_run_translate)
 
@@ -217,16 +227,16 @@ def _stdin_lines() -> list[str]:
 
 
 def _export_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "export",
         help="Write a SavedModel that translates strings to strings.",
         description="Export a training run as a TensorFlow SavedModel whose `translate` signature "
                     "maps a batch of strings to a batch of strings (tokenizer, beam search and "
                     "detokenizer inside). Runs the TensorFlow backend in a child process when "
                     "KERAS_BACKEND is jax or torch.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    _run_dir_flag(p)
     p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
     _decoding_flags(p, batch=False)
     p.set_defaults(handler=_run_export)
@@ -267,13 +277,13 @@ print(json.dumps([t.decode("utf-8") for t in out], ensure_ascii=False))
 
 
 def _demo_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "demo",
         help="The whole job on the built-in numbers corpus: train, evaluate, export, serve.",
         description="Build the numbers corpus (English -> German), train the tiny preset, report "
                     "held-out BLEU and exact match with beam search, export the SavedModel, reload "
                     "it with plain tf.saved_model.load and translate held-out numbers.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
     p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score.")
