@@ -16,6 +16,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.defaults import PAD_ID
+
 __all__ = [
     "scaled_dot_product_attention",
     "windowed_attention",
@@ -27,7 +29,7 @@ __all__ = [
 ]
 
 
-def padding_mask(token_ids, pad_id: int = 0):
+def padding_mask(token_ids, pad_id: int = PAD_ID):
     """Boolean mask that is `True` at real tokens and `False` at padding.
 
     Args:

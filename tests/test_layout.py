@@ -1,0 +1,41 @@
+"""The package's layout: the library imports only Keras and a backend, the searches know
+nothing of the model, and the special ids and decoding defaults are written once."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+PACKAGE = pathlib.Path(__file__).parent.parent / "keras_transformer"
+
+
+def test_the_library_imports_no_tool_and_changes_no_global_state():
+    code = """
+import os, sys
+import keras  # Keras itself may import matplotlib when it is installed: not ours to count
+before, env = set(sys.modules), dict(os.environ)
+import keras_transformer
+import keras_transformer.layers, keras_transformer.models, keras_transformer.decoding
+new = set(sys.modules) - before
+print(sorted({m.split('.')[0] for m in new} & {'tensorflow_text', 'matplotlib', 'sacrebleu', 'tokenizers', 'num2words'}))
+print(sorted(m for m in new if m.startswith(('keras_transformer.tools', 'keras_transformer.claims'))))
+print(dict(os.environ) == env)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:3] == ["[]", "[]", "True"], result.stdout
+
+
+def test_the_searches_reach_into_no_model_and_ids_are_written_once():
+    search = (PACKAGE / "decoding.py").read_text()
+    assert not re.search(r"\bmodel\.\w|\.decoder\b|target_embedding|\.project\(", search)
+    # The default special ids and the paper's decoding settings: one assignment each.
+    sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
+    for pattern in (r"\bPAD_ID\s*=|PAD_ID, UNK_ID, START_ID, END_ID\s*=", r"\bBEAM_SIZE\s*=", r"\bLENGTH_PENALTY\s*=",
+                    r"\bMAX_EXTRA_LENGTH\s*="):
+        defined = [p.name for p, text in sources.items() if re.search(pattern, text)]
+        assert defined == ["defaults.py"], (pattern, defined)
+    # No literal default of an id or a decoding setting in a signature outside that file.
+    literal = re.compile(r"\b(pad_id|start_id|end_id|beam_size|length_penalty|max_extra_length)(: \w+)? = \d")
+    offenders = [f"{p.relative_to(PACKAGE)}:{m.group(0)}" for p, text in sources.items() for m in literal.finditer(text)]
+    assert offenders == [], offenders
