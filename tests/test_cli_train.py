@@ -185,7 +185,7 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path):
     with np.load(out / "state" / "state.npz") as data:
         assert int(data["epochs_done"]) == 3
     data = json.loads((out / "data.json").read_text())
-    assert data["train_pairs"] > 400 and data["train_too_long"] == 0
+    assert data["train_pairs"] > 400 and data["train_pairs"] + data["train_too_long"] > 500  # (a few longer than 16 pieces)
     model = keras.saving.load_model(out / "model.keras")
     assert model.translate(np.array([[5, 6, 7]], "int32"), beam_size=1, max_length=4).shape == (1, 4)
     with open(out / "log.csv") as f:
