@@ -85,3 +85,47 @@ class FunctionCache:
 
     def clear(self) -> None:
         self._functions.clear()
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Adam(keras.optimizers.Adam):
+    """`keras.optimizers.Adam`, with the PyTorch update done by one fused kernel.
+
+    Keras' Adam on the torch backend updates the variables with a chain of `torch._foreach_*`
+    calls, each of which writes a temporary per variable (`g * g`, `m * alpha`,
+    `sqrt(v)`, `+ epsilon`, the quotient): about a third of a training step at the base
+    size, against a tenth for `torch.optim.Adam` (profiled with py-spy; reported with the
+    benchmarks). Here the torch backend calls `torch._fused_adam_`, the kernel behind
+    `torch.optim.Adam(fused=True)`, which reads and writes each tensor once.
+
+    The arithmetic is Keras': `m <- b1 m + (1 - b1) g`, `v <- b2 v + (1 - b2) g^2`,
+    `w <- w - lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon)`. The fused kernel
+    adds its epsilon to the bias-corrected `sqrt(v / (1 - b2^t))`, so it is given
+    `epsilon / sqrt(1 - b2^t)`, which makes the two updates equal. Other backends, and
+    `amsgrad=True`, use Keras' own update.
+    """
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if keras.backend.backend() != "torch" or self.amsgrad:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        import torch
+
+        with torch.no_grad():
+            step = float(keras.ops.convert_to_numpy(self.iterations)) + 1.0
+            bias_correction_2 = 1.0 - float(self.beta_2) ** step
+            index = [self._get_variable_index(v) for v in trainable_variables]
+            torch._fused_adam_(
+                [v.value for v in trainable_variables],
+                [keras.ops.convert_to_tensor(g).contiguous() for g in grads],  # the kernel reads flat memory
+                [self._momentums[i].value for i in index],
+                [self._velocities[i].value for i in index],
+                [],
+                [torch.tensor(step)] * len(index),
+                lr=float(keras.ops.convert_to_numpy(learning_rate)),
+                beta1=float(self.beta_1),
+                beta2=float(self.beta_2),
+                weight_decay=0.0,  # Keras applies its weight decay before this update
+                eps=float(self.epsilon) / bias_correction_2**0.5,
+                amsgrad=False,
+                maximize=False,
+            )

@@ -5,6 +5,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer._compat import Adam
+
+__all__ = ["Adam", "TransformerSchedule", "transformer_optimizer"]
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -46,8 +50,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def transformer_optimizer(d_model: int, warmup_steps: int = 4000, scale: float = 1.0, **kwargs) -> keras.optimizers.Adam:
     """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `TransformerSchedule` (section 5.3).
 
-    Extra keyword arguments go to `keras.optimizers.Adam` (e.g. `clipnorm`).
+    A `keras.optimizers.Adam` whose update runs as one fused kernel on PyTorch (same
+    results, fewer passes over memory). Extra keyword arguments go to the optimizer
+    (e.g. `clipnorm`).
     """
-    return keras.optimizers.Adam(
+    return Adam(
         TransformerSchedule(d_model, warmup_steps, scale), beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs
     )
