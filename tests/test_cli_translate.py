@@ -84,7 +84,7 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path):
     run = str(demo / "run")
     result = _console("translate", "--run-dir", run, stdin=b"one\n\xff\xfe\n")
     assert result.returncode == 2
-    assert result.stderr.decode().strip().endswith("standard input, line 2: not valid UTF-8 (byte 0).")
+    assert result.stderr.decode().strip().endswith("standard input, line 2: not valid UTF-8 (byte 0: b'\\xff')")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(empty), "--target-file", str(empty)]) == 2

@@ -201,29 +201,15 @@ def _translate_parser(sub) -> None:
 
 def _run_translate(args) -> int:
     from keras_transformer.tools import evaluation
+    from keras_transformer.tools.text import corpora
 
     model, tokenizer = evaluation.load_run(args.run_dir)
-    texts = args.texts or _stdin_lines()
+    texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
     for start in range(0, len(texts), args.batch_size * 4):
         chunk = texts[start : start + args.batch_size * 4]
         for line in evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size):
             print(line, flush=True)
     return 0
-
-
-def _stdin_lines() -> list[str]:
-    """Standard input as lines (`\\n`, `\\r\\n` or `\\r`), decoded as UTF-8 with the line named on error."""
-    data = sys.stdin.buffer.read()
-    rows = re.split(rb"\r\n|\r|\n", data)
-    if rows and rows[-1] == b"":
-        rows.pop()
-    lines = []
-    for number, raw in enumerate(rows, start=1):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise RunError(f"standard input, line {number}: not valid UTF-8 (byte {e.start}).") from None
-    return lines
 
 
 def _export_parser(sub) -> None:

@@ -135,24 +135,28 @@ def _read_bytes(path: pathlib.Path) -> bytes:
     return data
 
 
-def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line, decoded as UTF-8 with the line named on error.
-
-    Lines end with `\\n`, `\\r\\n` or `\\r` (old Mac files) alike.
-    """
-    data = _read_bytes(path)
+def decode_lines(data: bytes, name) -> list[str]:
+    """Split `data` into lines ending in `\\n`, `\\r\\n` or `\\r` (old Mac files) alike and
+    decode each as UTF-8; a line that is not UTF-8 is a `CorpusError` naming `name` and the line."""
     rows = re.split(rb"\r\n|\r|\n", data)
     if rows and rows[-1] == b"":
         rows.pop()  # the final line break
+    lines = []
     for number, raw in enumerate(rows, start=1):
         try:
-            text = raw.decode("utf-8")
+            lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise CorpusError(
-                f"{path}, line {number}: not valid UTF-8 (byte {e.start}: "
-                f"{raw[e.start:e.start + 1]!r})"
+                f"{name}, line {number}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})"
             ) from None
-        yield number, text.lstrip("\ufeff") if number == 1 else text
+    if lines:
+        lines[0] = lines[0].lstrip("\ufeff")  # a byte-order mark is not text
+    return lines
+
+
+def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line of a file (plain or `.gz`)."""
+    yield from enumerate(decode_lines(_read_bytes(path), path), start=1)
 
 
 def read_parallel_files(source_file, target_file) -> tuple[list[Pair], int]:
