@@ -15,7 +15,6 @@ import keras
 import numpy as np
 
 from keras_transformer.tools import files
-from keras_transformer.tools.files import write_json  # noqa: F401 (re-exported for callers)
 
 
 def _save_npz(path: pathlib.Path, **arrays) -> None:

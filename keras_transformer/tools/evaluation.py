@@ -12,7 +12,7 @@ from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENG
 from keras_transformer.tools import files
 
 
-class RunDirError(Exception):
+class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
 

@@ -45,12 +45,9 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
         ValueError: if the tokenizer's vocabulary size or special ids differ from the
             model's, or `beam_size` is not a positive integer.
     """
-    from keras_transformer.tools.evaluation import RunDirError, check_special_ids
+    from keras_transformer.tools.evaluation import check_special_ids
 
-    try:
-        check_special_ids(model, tokenizer)
-    except RunDirError as e:
-        raise ValueError(str(e)) from None
+    check_special_ids(model, tokenizer)  # a ValueError naming both values
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
     path = pathlib.Path(path)
