@@ -7,6 +7,7 @@ of testing `keras.backend.backend()` themselves.
 from __future__ import annotations
 
 import collections
+import contextvars
 
 import keras
 
@@ -37,7 +38,9 @@ def compile_function(fn, variables):
       arguments, not constants baked into the program, so weights changed after
       compilation (more training, loading a checkpoint) are used.
     * TensorFlow: `tf.function(jit_compile=True)`; variables are read at run time.
-    * PyTorch: `fn` itself (eager).
+    * PyTorch: `fn` itself, eager, except the loops it runs through `while_loop`,
+      whose bodies are recorded and replayed (`_Recorder`; the records stay with the
+      returned function).
     """
     backend = keras.backend.backend()
     if backend == "jax":
@@ -55,7 +58,177 @@ def compile_function(fn, variables):
         import tensorflow as tf
 
         return tf.function(fn, jit_compile=True, reduce_retracing=True)
-    return fn
+    recorder = _Recorder(variables)
+
+    def recorded(*args):
+        with recorder:
+            return fn(*args)
+
+    return recorded
+
+
+class _Recorder:
+    """Records functions once per input signature and replays them (PyTorch).
+
+    `torch.fx`'s `make_fx` runs a function once and records the ATen operations it
+    performs; `torch.jit.trace` turns the record into a TorchScript graph, which runs
+    without Python between operations (the FX record itself is replayed where
+    TorchScript is not available). Replaying skips the Python of Keras' layers and ops
+    around each operation: most of a small decoding step's time on this backend.
+
+    A recorder is active while a function made by `compile_function` runs; `recorded`
+    and `while_loop` use the active one. The variables' values, read once per call, are
+    inputs of every record, so weights changed after recording (more training, a loaded
+    checkpoint) are used. Tensor arguments are inputs too; other arguments (ints,
+    floats, `None`) are part of the signature. Anything else a function reads is
+    recorded as a constant, and a function that branches on a tensor's value cannot be
+    recorded (`make_fx` raises).
+    """
+
+    use_torchscript = True
+
+    def __init__(self, variables):
+        self.variables = list(variables)
+        self.records = FunctionCache()
+        self.values = None
+
+    def __enter__(self):
+        self.values = [v.value for v in self.variables]
+        self._token = _recorder.set(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        _recorder.reset(self._token)
+        self.values = None
+
+    def replayable(self, fn):
+        """`fn`, recorded on its first call per signature and replayed after."""
+        import torch
+        from torch.utils import _pytree as pytree
+
+        def replay(*args):
+            leaves, spec = pytree.tree_flatten(args)
+            tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+            signature = tuple(
+                (tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else ("static", x) for x in leaves
+            )
+            key = (fn.__qualname__, str(spec), signature)
+            try:
+                hash(key)
+            except TypeError:  # an argument that cannot be a signature: run as it is
+                return fn(*args)
+            graph, out_spec = self.records.get(key, lambda: self._record(fn, leaves, spec))
+            with torch.no_grad():
+                return pytree.tree_unflatten(list(graph(*self.values, *tensors)), out_spec)
+
+        return replay
+
+    def _record(self, fn, leaves, spec):
+        import warnings
+
+        import torch
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.utils import _pytree as pytree
+
+        n_values = len(self.values)
+        tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        out_specs = []
+
+        def flat(*inputs):
+            args = list(leaves)
+            for i, x in zip(tensor_at, inputs[n_values:]):
+                args[i] = x
+            with keras.StatelessScope(state_mapping=list(zip(self.variables, inputs[:n_values]))):
+                out = fn(*pytree.tree_unflatten(args, spec))
+            out_leaves, out_spec = pytree.tree_flatten(out)
+            out_specs.append(out_spec)
+            return tuple(out_leaves)
+
+        # Copies: `make_fx` follows tensors by identity, so one tensor passed as two
+        # arguments would become one input of the record (and the recording run may
+        # write into its inputs).
+        inputs = (*self.values, *(leaves[i].clone() for i in tensor_at))
+        with torch.no_grad():
+            graph = make_fx(flat)(*inputs)
+            if self.use_torchscript and hasattr(torch.jit, "trace"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # TorchScript's deprecation notice
+                    graph = torch.jit.trace(graph, inputs, check_trace=False)
+        return graph, out_specs[0]
+
+
+_recorder = contextvars.ContextVar("keras_transformer_recorder", default=None)
+
+
+def recorded(fn):
+    """`fn`, recorded and replayed by the active recorder (PyTorch, inside a function
+    made by `compile_function`; see `_Recorder`), else `fn` itself."""
+    recorder = _recorder.get()
+    return fn if recorder is None else recorder.replayable(fn)
+
+
+def while_loop(cond, body, loop_vars):
+    """`keras.ops.while_loop`, with `body` made `recorded`: on PyTorch, inside a function
+    made by `compile_function`, the body is recorded once per signature and replayed.
+
+    The body must not branch on tensor values, nor read tensors other than the loop
+    variables and the model's variables (see `_Recorder`).
+    """
+    return keras.ops.while_loop(cond, recorded(body), loop_vars)
+
+
+def check_jit_compile(jit_compile, where: str) -> None:
+    """Refuse `compile(jit_compile=True)` where it cannot work: on PyTorch.
+
+    There Keras compiles the training step with `torch.compile`. With Keras 3.15 and
+    torch 2.13, TorchDynamo splits the step at every Keras layer call (graph breaks in
+    Keras' `Layer.__call__` and its tree utilities), compiles each layer as its own
+    frame, recompiles those for every new sequence length until the recompile limit,
+    and then fails inside its own guard diagnostics (`KeyError: 'decoder_padding_mask'`).
+    One clear message replaces that traceback. Decoding does not need it: `translate`
+    records and replays its loop on PyTorch (see `compile_function`).
+    """
+    if jit_compile is True and keras.backend.backend() == "torch":
+        raise ValueError(
+            f"{where}: `jit_compile=True` (torch.compile) cannot train this model on the PyTorch "
+            "backend: TorchDynamo breaks the graph at every Keras layer call and fails when "
+            "recompiling them for new sequence lengths. Use `jit_compile=False` (the default on "
+            "PyTorch); `translate` is recorded and replayed without it, or use the JAX or "
+            "TensorFlow backend for a compiled training step."
+        )
+
+
+def slice_along(x, start, length: int, axis: int):
+    """`x[..., start:start + length, ...]` on `axis`, with `start` an int or a scalar tensor.
+
+    `keras.ops.slice` on PyTorch turns a tensor start into a Python int (a device sync,
+    and a value no graph capture can keep); there it is an `index_select`.
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        start = keras.ops.convert_to_tensor(start, "int64")
+        return torch.index_select(x, axis, start + torch.arange(length, device=x.device))
+    starts = [0] * len(x.shape)
+    starts[axis] = start
+    sizes = list(keras.ops.shape(x))
+    sizes[axis] = length
+    return keras.ops.slice(x, starts, sizes)
+
+
+def update_along(x, start, update, axis: int):
+    """`x` with `update` written at `start` on `axis` (a new tensor), `start` an int or a
+    scalar tensor: `keras.ops.slice_update`, and on PyTorch an `index_copy` (see
+    `slice_along`)."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        start = keras.ops.convert_to_tensor(start, "int64")
+        positions = start + torch.arange(update.shape[axis], device=x.device)
+        return torch.index_copy(x, axis, positions, update)
+    starts = [0] * len(x.shape)
+    starts[axis] = start
+    return keras.ops.slice_update(x, starts, update)
 
 
 class FunctionCache:

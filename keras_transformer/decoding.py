@@ -13,7 +13,8 @@ A search knows nothing of the model. It takes
 
 This is the shape of KerasHub's samplers and Flax's `beam_search(..., tokens_to_logits,
 ...)`. All shapes are fixed before the loop (`keras.ops.while_loop`), so a search
-compiles as one program under `jax.jit` and `tf.function(jit_compile=True)`.
+compiles as one program under `jax.jit` and `tf.function(jit_compile=True)`; the loop
+is `keras_transformer._compat.while_loop`, whose body PyTorch records once and replays.
 
 The paper's decoding defaults (beam 4, length penalty alpha 0.6, at most input length
 + 50 tokens) and the default special ids are written once, in
@@ -25,6 +26,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer import _compat
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, START_ID, UNK_ID
 
 __all__ = [
@@ -84,7 +86,7 @@ def greedy_search(
         finished = ops.logical_or(finished, next_token == end_id)
         return i + 1, tokens, cache, finished
 
-    _, tokens, _, _ = ops.while_loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
+    _, tokens, _, _ = _compat.while_loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
     return tokens[:, 1:]
 
 
@@ -192,7 +194,7 @@ def beam_search(
         return i + 1, sequences, alive_logp, cache, finished_seq, finished_score
 
     loop_vars = (ops.convert_to_tensor(0, "int32"), sequences, alive_logp, cache, finished_seq, finished_score)
-    i, sequences, alive_logp, _, finished_seq, finished_score = ops.while_loop(cond, body, loop_vars)
+    i, sequences, alive_logp, _, finished_seq, finished_score = _compat.while_loop(cond, body, loop_vars)
     # Inputs with nothing finished (every hypothesis reached max_length) fall back to the
     # best live hypothesis, scored with the penalty of its full length.
     alive_score = alive_logp[:, 0] / length_penalty(i, alpha)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer import _compat
 from keras_transformer import ops as kt_ops
 
 
@@ -215,7 +216,7 @@ class MultiHeadAttention(keras.layers.Layer):
             k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
             if cache is not None:
                 new = ops.cast(ops.concatenate([k, v], axis=-1), cache.dtype)
-                cache = ops.slice_update(cache, [0, cache_index, 0, 0], new)
+                cache = _compat.update_along(cache, cache_index, new, axis=1)
                 k, v = self._split_cache(cache)
 
         if self.window is not None and cache is None:

@@ -151,6 +151,17 @@ class Transformer(keras.Model):
         config.update(kwargs)
         return cls(vocab_size=vocab_size, **config)
 
+    @property
+    def jit_compile(self):
+        """Keras' `jit_compile`, as `compile` sets it; `True` is refused on PyTorch with
+        the reason (see `keras_transformer._compat.check_jit_compile`)."""
+        return keras.Model.jit_compile.fget(self)
+
+    @jit_compile.setter
+    def jit_compile(self, value):
+        _compat.check_jit_compile(value, f"Model '{self.name}'")
+        keras.Model.jit_compile.fset(self, value)
+
     def build(self, inputs_shape=None):
         sequence_shape = (None, None, self.d_model)
         for emb in {id(e): e for e in (self.source_embedding, self.target_embedding)}.values():
@@ -226,7 +237,7 @@ class Transformer(keras.Model):
             `(logits, cache)`: float32 `(B, vocab_size)` logits of the token at
             `index + 1`, and the cache with the newest keys and values written in.
         """
-        tokens = ops.slice(token_ids, [0, index], [ops.shape(token_ids)[0], 1])  # (B, 1)
+        tokens = _compat.slice_along(token_ids, index, 1, axis=1)  # (B, 1)
         y = self.target_embedding(tokens, start_index=index)
         y, decoder_cache = self.decoder(
             y, None, encoder_padding_mask=cache["source_mask"], cache=cache["decoder"], cache_index=index
@@ -258,10 +269,11 @@ class Transformer(keras.Model):
         Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros.
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
+        # `recorded`: replayed without Keras' per-call Python on PyTorch (see `_compat`).
         if use_cache:
-            step, cache = self.step, self.init_cache(source_ids, max_length)
+            step, cache = self.step, _compat.recorded(self.init_cache)(source_ids, max_length)
         else:
-            encoder_output, source_mask = self.encode(source_ids)
+            encoder_output, source_mask = _compat.recorded(self.encode)(source_ids)
             step, cache = self.uncached_step, {"encoder_output": encoder_output, "source_mask": source_mask}
         batch = ops.shape(source_ids)[0]
         special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
@@ -286,8 +298,10 @@ class Transformer(keras.Model):
     ):
         """Beam search (section 6.1): the best output ids for each source row.
 
-        The search is compiled for the backend (`jax.jit`, XLA-compiled `tf.function`)
-        once per batch size, length and setting, and kept with the model (the last 8).
+        The search is compiled for the backend (`jax.jit`, XLA-compiled `tf.function`;
+        on PyTorch its encoding and loop body are recorded and replayed as TorchScript
+        graphs) once per batch size, length and setting, and kept with the model (the
+        last 8).
 
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.

@@ -1,0 +1,110 @@
+"""`translate` runs the search compiled for the backend (`jax.jit`, XLA, or on PyTorch
+recorded loop bodies replayed as TorchScript graphs): same tokens as the eager search,
+and always with the weights of the moment."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import _compat
+from tests.conftest import BACKEND, randomize_weights, to_numpy
+
+torch_only = pytest.mark.skipif(
+    BACKEND != "torch", reason="recording and replaying is the PyTorch path; JAX and TensorFlow compile the whole search"
+)
+V = 11
+
+
+def _model(seed):
+    model = kt.models.Transformer(vocab_size=V, num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+    model.build()
+    randomize_weights(model, seed, scale=0.6)
+    return model
+
+
+SOURCE = np.array([[4, 5, 6, 7, 1], [6, 6, 4, 0, 0], [9, 10, 0, 0, 0]], "int32")
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_compiled_search_gives_the_eager_search_tokens(beam_size):
+    model = _model(0)
+    compiled, compiled_scores = model.translate(SOURCE, beam_size, max_length=7, return_scores=True)
+    eager, eager_scores = model.search(SOURCE, 7, beam_size=beam_size)  # no compilation, no recording
+    np.testing.assert_array_equal(to_numpy(compiled, "int32"), to_numpy(eager, "int32"))
+    np.testing.assert_allclose(to_numpy(compiled_scores), to_numpy(eager_scores), atol=1e-5)
+    # A second input of the same shape reuses the compiled search and still follows its input.
+    other = SOURCE[::-1].copy()
+    np.testing.assert_array_equal(
+        to_numpy(model.translate(other, beam_size, max_length=7), "int32"),
+        to_numpy(model.search(other, 7, beam_size=beam_size)[0], "int32"),
+    )
+
+
+def test_compiled_search_uses_weights_set_after_compilation():
+    model, other = _model(0), _model(1)
+    before = to_numpy(model.translate(SOURCE, 2, max_length=7), "int32")
+    expected = to_numpy(other.translate(SOURCE, 2, max_length=7), "int32")
+    assert not np.array_equal(before, expected)  # the two models differ, so the check can fail
+    model.set_weights(other.get_weights())
+    np.testing.assert_array_equal(to_numpy(model.translate(SOURCE, 2, max_length=7), "int32"), expected)
+
+
+@torch_only
+def test_fx_record_and_torchscript_replay_agree(monkeypatch):
+    model = _model(2)
+    scripted = to_numpy(model.translate(SOURCE, 3, max_length=7), "int32")
+    monkeypatch.setattr(_compat._Recorder, "use_torchscript", False)
+    model = _model(2)
+    np.testing.assert_array_equal(to_numpy(model.translate(SOURCE, 3, max_length=7), "int32"), scripted)
+
+
+@torch_only
+def test_recording_keeps_arguments_that_are_one_tensor_apart():
+    import torch
+
+    recorder = _compat._Recorder([])
+    replay = recorder.replayable(lambda a, b: (a * 2 + b,))
+    x, y = torch.ones(3), torch.arange(3.0)
+    with recorder:
+        first = replay(x, x)  # recorded with one tensor in both places
+        second = replay(x, y)  # replayed: b is y, not a second x
+    np.testing.assert_allclose(first[0].numpy(), [3.0, 3.0, 3.0])
+    np.testing.assert_allclose(second[0].numpy(), [2.0, 3.0, 4.0])
+    assert len(recorder.records) == 1
+
+
+@torch_only
+def test_recording_refuses_a_function_that_branches_on_a_tensor_value():
+    import torch
+
+    recorder = _compat._Recorder([])
+    replay = recorder.replayable(lambda a: a + 1 if bool(keras.ops.all(a > 0)) else a - 1)
+    with recorder, pytest.raises(RuntimeError, match="data-dependent"):
+        replay(torch.ones(2))
+
+
+@torch_only
+def test_static_arguments_are_part_of_the_signature():
+    import torch
+
+    recorder = _compat._Recorder([])
+    replay = recorder.replayable(lambda a, n: a * n)
+    with recorder:
+        np.testing.assert_allclose(replay(torch.ones(2), 2)[0].item(), 2.0)
+        np.testing.assert_allclose(replay(torch.ones(2), 5)[0].item(), 5.0)
+    assert len(recorder.records) == 2
+
+
+def test_jit_compile_is_refused_with_its_reason_only_on_torch():
+    model = _model(0)
+    if BACKEND == "torch":
+        with pytest.raises(ValueError, match=r"jit_compile=True.*torch.compile.*recompiling"):
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # the default works
+    else:
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+    x = {"source_ids": SOURCE, "target_ids": SOURCE}
+    before = model.evaluate(x, SOURCE, verbose=0)
+    model.fit(x, SOURCE, epochs=3, verbose=0)
+    assert model.evaluate(x, SOURCE, verbose=0) < before
