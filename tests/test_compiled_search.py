@@ -102,9 +102,11 @@ def test_jit_compile_is_refused_with_its_reason_only_on_torch():
         with pytest.raises(ValueError, match=r"jit_compile=True.*torch.compile.*recompiling"):
             model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # the default works
-    else:
+        assert model.jit_compile is False
+        x = {"source_ids": SOURCE, "target_ids": SOURCE}
+        before = model.evaluate(x, SOURCE, verbose=0)
+        model.fit(x, SOURCE, epochs=3, verbose=0)
+        assert model.evaluate(x, SOURCE, verbose=0) < before
+    else:  # XLA: accepted as Keras accepts it (training with it is tested elsewhere)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-    x = {"source_ids": SOURCE, "target_ids": SOURCE}
-    before = model.evaluate(x, SOURCE, verbose=0)
-    model.fit(x, SOURCE, epochs=3, verbose=0)
-    assert model.evaluate(x, SOURCE, verbose=0) < before
+        assert model.jit_compile is True

@@ -1,4 +1,5 @@
-"""Training callbacks: resumable state, checkpoint averaging, and training curves.
+"""Training callbacks: resumable state, checkpoint averaging, training curves, and
+validation translations scored every epoch.
 
 Checkpoints are NumPy `.npz` files holding variables in a fixed order, so they are the
 same whatever backend wrote them. Every file is written with `files.atomic_write`, so a
@@ -56,7 +57,19 @@ class TrainingState(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         arrays = {f"model_{k}": v for k, v in _weights_dict(self.model.weights).items()}
         arrays.update({f"optimizer_{k}": v for k, v in _weights_dict(self.model.optimizer.variables).items()})
-        _save_npz(self.path, epochs_done=np.array(epoch + 1), **arrays)
+        # A stop asked for by a callback (a target reached) is part of the state: a
+        # resumed run does not train past it.
+        stopped = bool(getattr(self.model, "stop_training", False))
+        _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped), **arrays)
+
+    @classmethod
+    def stopped(cls, directory) -> bool:
+        """Whether the saved run was stopped by a callback before its last epoch."""
+        path = pathlib.Path(directory) / cls.FILENAME
+        if not path.is_file():
+            return False
+        with np.load(path) as data:
+            return "stopped" in data.files and bool(data["stopped"])
 
     @classmethod
     def restore(cls, model: keras.Model, directory) -> int:
@@ -153,14 +166,18 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
     if not rows:
         return False
     steps = [(int(r["epoch"]) + 1) * steps_per_epoch for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric in zip(axes, ("loss", "accuracy")):
-        for prefix, style in (("", "-"), ("val_", "--")):
-            key = prefix + metric
+    panels = [("loss", ("loss", "val_loss")), ("accuracy", ("accuracy", "val_accuracy"))]
+    if "val_bleu" in rows[0]:  # written by TranslationScores
+        panels.append(("validation translations", ("val_bleu", "val_chrf", "val_exact_match")))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (title, keys) in zip(axes, panels):
+        for key in keys:
             if key in rows[0]:
-                ax.plot(steps, [float(r[key]) for r in rows], style, label=key)
+                values = [float(r[key]) * (100 if key == "val_exact_match" else 1) for r in rows if r[key] != ""]
+                label = "val_exact_match (%)" if key == "val_exact_match" else key
+                ax.plot(steps[len(steps) - len(values):], values, "--" if key.startswith("val_") else "-", label=label)
         ax.set_xlabel("step")
-        ax.set_title(metric)
+        ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -168,3 +185,43 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
         fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return True
+
+
+class TranslationScores(keras.callbacks.Callback):
+    """Translates a fixed validation subset at the end of every epoch and scores it.
+
+    Greedy decoding by default (`beam_size=1`, fast); the scores are sacreBLEU's BLEU and
+    chrF and the share of exact matches. They are added to the epoch's logs as
+    `val_bleu`, `val_chrf` and `val_exact_match`, so the callbacks after this one
+    (`CSVLogger`, `TensorBoard`, `TrainingCurves`) record them. With
+    `stop_at_exact_match`, training stops at the end of the first epoch whose exact
+    match reaches it.
+
+    Args:
+        tokenizer: The run's tokenizer.
+        pairs: `(source, reference)` strings, translated in this order every epoch.
+        beam_size: Defaults to `1` (greedy).
+        stop_at_exact_match: Stop once the exact-match share (0-1) reaches this.
+            Defaults to `None` (never).
+    """
+
+    def __init__(self, tokenizer, pairs, beam_size: int = 1, stop_at_exact_match: float | None = None):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.sources = [s for s, _ in pairs]
+        self.references = [r for _, r in pairs]
+        self.beam_size = beam_size
+        self.stop_at_exact_match = stop_at_exact_match
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        from keras_transformer.tools import evaluation
+
+        hypotheses = evaluation.translate_texts(self.model, self.tokenizer, self.sources, beam_size=self.beam_size)
+        scores = evaluation.score(hypotheses, self.references, self.tokenizer)
+        if logs is not None:
+            logs.update({f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact_match")})
+        target = self.stop_at_exact_match
+        if target is not None and scores["exact_match"] >= target:
+            self.model.stop_training = True
+            self.stopped_epoch = epoch + 1

@@ -78,6 +78,12 @@ def _train_parser(sub) -> None:
     t.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help="eps_ls.")
     t.add_argument("--average-checkpoints", type=int, default=d.average_checkpoints,
                    help="Average the last k epoch checkpoints into the final model (paper 6.1).")
+    t.add_argument("--validate-translations", type=int, default=d.validate_translations, metavar="N",
+                   help="Translate the first N validation pairs (greedy) every epoch; log val_bleu, val_chrf and "
+                        "val_exact_match.")
+    t.add_argument("--stop-at-exact-match", type=float, metavar="SHARE",
+                   help="Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. "
+                        "Needs --validate-translations.")
     t.add_argument("--seed", type=int, default=d.seed, help="Random seed (data order, initialisation).")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
@@ -272,11 +278,15 @@ def _demo_parser(sub) -> None:
                     "it with plain tf.saved_model.load and translate held-out numbers.",
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
-    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score.")
+    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score (at most 500 of them are "
+                        "also checked during training).")
     p.add_argument("--steps", type=_at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.set_defaults(handler=_run_demo)
+
+
+DEMO_TARGET = 0.99  # validation exact match at which the demo stops training
 
 
 def _run_demo(args) -> int:
@@ -292,15 +302,22 @@ def _run_demo(args) -> int:
 
     start = time.time()
     out = pathlib.Path(args.output_dir)
-    config = TrainConfig()
+    # Train only as long as the task needs: check 500 validation numbers (greedy) every 50
+    # steps, stop at 99% exact match, and keep the model that reached it.
+    config = TrainConfig(steps_per_epoch=50, validate_translations=min(500, args.eval_size),
+                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1)
     if args.steps:
         config.steps = args.steps
         config.steps_per_epoch = min(config.steps_per_epoch, args.steps)
     if args.train_size:
         config.train_size = args.train_size
-    print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend)", flush=True)
+    print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend) until "
+          f"{DEMO_TARGET:.0%} of {config.validate_translations} validation numbers translate exactly "
+          f"(at most {config.steps} steps)", flush=True)
     corpus = load_corpus(config)
-    train(config, out / "run", verbose=2 if args.quiet else "auto", corpus=corpus)
+    t = time.time()
+    metrics = train(config, out / "run", verbose=2 if args.quiet else "auto", corpus=corpus)
+    train_seconds = time.time() - t
     model, tokenizer = evaluation.load_run(out / "run")
     test = corpus.test[: args.eval_size]
     print(f"== 2/4 translate {len(test)} held-out numbers with beam search (beam 4, alpha 0.6)", flush=True)
@@ -328,6 +345,7 @@ def _run_demo(args) -> int:
         mark = "ok" if translation == reference else f"expected {reference}"
         print(f"  {source}  ->  {translation}   [{mark}]")
     summary = dict(scores, backend=keras.backend.backend(), wall_seconds=round(time.time() - start, 1),
+                   train_steps=metrics["steps"], train_seconds=round(train_seconds, 1),
                    decode_seconds=round(decode_seconds, 1))
     files.write_json(out / "demo.json", summary)
     print(serving_instructions(out / "translator"))

@@ -39,6 +39,8 @@ class TrainConfig:
     learning_rate_scale: float = 1.0
     label_smoothing: float = 0.1
     average_checkpoints: int = 5
+    validate_translations: int = 0  # validation pairs translated (greedy) and scored every epoch
+    stop_at_exact_match: float | None = None  # stop once their exact-match share reaches this
     seed: int = 0
 
     def validate(self) -> None:
@@ -77,6 +79,11 @@ class TrainConfig:
         need(self.learning_rate_scale > 0, f"--learning-rate-scale must be > 0; got {self.learning_rate_scale}")
         need(0 <= self.label_smoothing < 1, f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         need(self.dropout is None or 0 <= self.dropout < 1, f"--dropout must be in [0, 1); got {self.dropout}")
+        need(self.validate_translations >= 0, f"--validate-translations must be >= 0; got {self.validate_translations}")
+        if self.stop_at_exact_match is not None:
+            need(0 < self.stop_at_exact_match <= 1,
+                 f"--stop-at-exact-match must be in (0, 1]; got {self.stop_at_exact_match}")
+            need(self.validate_translations > 0, "--stop-at-exact-match needs --validate-translations N > 0")
         if self.preset in PRESETS:
             model = self.model_config()
             if min(model["d_model"], model["num_heads"]) >= 1 and model["d_model"] % model["num_heads"]:

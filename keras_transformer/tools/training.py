@@ -88,6 +88,8 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{config_file} is not a run config ({e}); choose another --output-dir.") from None
     current = dataclasses.asdict(config)
+    # A setting added after the run was written has its default there.
+    saved = {**dataclasses.asdict(TrainConfig()), **saved}
     differences = [
         f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(saved) | set(current))
@@ -207,6 +209,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
     model = build_model(config, tokenizer)
     initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
     epochs = math.ceil(config.steps / config.steps_per_epoch)
+    if kt_callbacks.TrainingState.stopped(output_dir / "state"):
+        epochs = initial_epoch  # the run had reached its target: finish without training
     if initial_epoch:
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}", flush=True)
 
@@ -217,7 +221,14 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False
     ) if corpus.validation else None
-    callbacks = [
+    scorer = None
+    if config.validate_translations and corpus.validation:
+        # Before the loggers, which record what it adds to the epoch's logs.
+        scorer = kt_callbacks.TranslationScores(
+            tokenizer, corpus.validation[: config.validate_translations], stop_at_exact_match=config.stop_at_exact_match
+        )
+    callbacks = [scorer] if scorer else []
+    callbacks += [
         keras.callbacks.CSVLogger(str(output_dir / "log.csv"), append=True),
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False),
         kt_callbacks.CheckpointAverager(output_dir / "checkpoints", config.average_checkpoints),
@@ -240,8 +251,13 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
     with files.atomic_write(output_dir / "model.keras") as tmp:
         model.save(tmp)
 
-    metrics = {"steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)), "backend": keras.backend.backend(),
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    metrics = {"steps": steps, "backend": keras.backend.backend(),
                "train_seconds_this_session": round(train_seconds, 1)}
+    if kt_callbacks.TrainingState.stopped(output_dir / "state"):
+        metrics["stopped_early"] = True
+        print(f"stopped after step {steps} of {config.steps}: validation exact match reached "
+              f"{config.stop_at_exact_match:.0%}", flush=True)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         results = model.evaluate(test_data, return_dict=True, verbose=0)
