@@ -38,9 +38,9 @@ def compile_function(fn, variables):
       arguments, not constants baked into the program, so weights changed after
       compilation (more training, loading a checkpoint) are used.
     * TensorFlow: `tf.function(jit_compile=True)`; variables are read at run time.
-    * PyTorch: `fn` itself, eager, except the loops it runs through `while_loop`,
-      whose bodies are recorded and replayed (`_Recorder`; the records stay with the
-      returned function).
+    * PyTorch: `fn` itself, eager, except what it runs through `recorded` and
+      `while_loop`, which is recorded once per signature and replayed (`_Recorder`;
+      the records stay with the returned function).
     """
     backend = keras.backend.backend()
     if backend == "jax":
