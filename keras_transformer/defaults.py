@@ -14,6 +14,8 @@ PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
 BEAM_SIZE = 4
 LENGTH_PENALTY = 0.6
 MAX_EXTRA_LENGTH = 50
+# Translations checked during training (not in the paper): greedy, for speed.
+VALIDATION_BEAM_SIZE = 1
 
 # Model sizes.
 PRESETS = {

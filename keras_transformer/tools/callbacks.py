@@ -15,6 +15,7 @@ import pathlib
 import keras
 import numpy as np
 
+from keras_transformer.defaults import VALIDATION_BEAM_SIZE
 from keras_transformer.tools import files
 
 
@@ -205,7 +206,8 @@ class TranslationScores(keras.callbacks.Callback):
             Defaults to `None` (never).
     """
 
-    def __init__(self, tokenizer, pairs, beam_size: int = 1, stop_at_exact_match: float | None = None):
+    def __init__(self, tokenizer, pairs, beam_size: int = VALIDATION_BEAM_SIZE,
+                 stop_at_exact_match: float | None = None):
         super().__init__()
         self.tokenizer = tokenizer
         self.sources = [s for s, _ in pairs]
