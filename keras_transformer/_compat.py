@@ -276,7 +276,20 @@ class Adam(keras.optimizers.Adam):
     adds its epsilon to the bias-corrected `sqrt(v / (1 - b2^t))`, so it is given
     `epsilon / sqrt(1 - b2^t)`, which makes the two updates equal. Other backends, and
     `amsgrad=True`, use Keras' own update.
+
+    With `gradient_accumulation_steps`, the learning-rate schedule is evaluated at the
+    number of updates, as `iterations` counts them (Keras evaluates it at the number of
+    batches).
     """
+
+    def _get_current_learning_rate(self):
+        # With `gradient_accumulation_steps`, Keras (3.15) evaluates a schedule at the
+        # count of batches (`_iterations`), not of updates (`iterations`), so the warm-up
+        # would end N times too soon. The paper's schedule counts updates.
+        schedule = self._learning_rate
+        if self.gradient_accumulation_steps and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return schedule(self.iterations)
+        return super()._get_current_learning_rate()
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if keras.backend.backend() != "torch" or self.amsgrad:

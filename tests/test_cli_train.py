@@ -60,6 +60,7 @@ def _bad_input_cases(tmp_path):
         (["--stop-at-exact-match", "0.9"], r"--stop-at-exact-match needs --validate-translations N > 0"),
         (["--validate-translations", "5", "--stop-at-exact-match", "99"], r"--stop-at-exact-match must be in \(0, 1\]"),
         (["--validate-translations", "-1"], r"--validate-translations must be >= 0; got -1"),
+        (["--accumulate-steps", "0"], r"--accumulate-steps must be >= 1; got 0"),
         (["--tsv", four_hundred, "--holdout", "20", "--max-length", "3"],
          r"only 0 training pairs are left \(\d+ longer than --max-length 3 dropped"),
     ]
@@ -244,3 +245,19 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     assert _run(tmp_path, *args) == 0
     assert "resuming" in capsys.readouterr().out
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8
+
+
+def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):
+    from keras_transformer.tools.config import TrainConfig
+    from keras_transformer.tools.training import load_corpus
+
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"source {i}\ttarget {i}\n" for i in range(300)))
+    forward = load_corpus(TrainConfig(corpus="tsv", tsv=str(tsv), holdout=20))
+    backward = load_corpus(TrainConfig(corpus="tsv", tsv=str(tsv), holdout=20, reverse=True))
+    for split in ("train", "validation", "test"):
+        pairs = getattr(backward, split)
+        assert pairs == [(t, s) for s, t in getattr(forward, split)]
+        assert all(s.startswith("target") and t.startswith("source") for s, t in pairs)
+    numbers = load_corpus(TrainConfig(train_size=200, reverse=True))
+    assert ("zweiundvierzig", "forty-two") in numbers.train

@@ -47,6 +47,29 @@ def test_evaluate_and_translate(demo, capsys):
     assert len(result.stdout.rstrip("\n").split("\n")) == 3
 
 
+def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
+    run = str(demo / "run")
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"seven\r\n\nforty-two\nnine hundred and one\n")
+    output = tmp_path / "out" / "de.txt"
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", str(source),
+                     "--output", str(output)]) == 0
+    assert "4 translations in" in capsys.readouterr().out
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[1] == "" and lines[4] == ""  # input order, the empty line kept
+    # The same sentences on standard output give the same translations.
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven", "forty-two"]) == 0
+    assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+    for argv, message in (
+        (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
+        (["--input", str(tmp_path / "missing.txt")], "File not found"),
+        (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
+    ):
+        assert cli.main(["translate", "--run-dir", run, *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("error:") == 1, err
+
+
 def test_export_command(demo, tmp_path, capsys):
     assert cli.main(["export", "--run-dir", str(demo / "run"), "--output", str(tmp_path / "sm")]) == 0
     assert (tmp_path / "sm" / "saved_model.pb").is_file()

@@ -57,3 +57,38 @@ def test_the_optimizer_round_trips_through_its_config():
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
     assert type(restored) is type(optimizer)
     assert restored.get_config() == optimizer.get_config()
+
+
+def test_accumulated_batches_make_the_update_of_one_batch_that_holds_them_all():
+    # N steps of a batch with gradient accumulation = one step of the N-times batch:
+    # the loss is a mean over tokens, and the N copies hold the same number of tokens.
+    n = 3
+    keras.utils.set_random_seed(5)
+    rng = np.random.default_rng(1)
+    source = rng.integers(4, 30, size=(4, 6)).astype("int32")
+    x = {"source_ids": source, "target_ids": np.concatenate([np.full((4, 1), 2, "int32"), source[:, :-1]], 1)}
+    big = {k: np.concatenate([v] * n) for k, v in x.items()}
+    models = []
+    for accumulation in (n, None):
+        model = kt.models.Transformer(vocab_size=30, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+        model.build()
+        if models:
+            model.set_weights(models[0].get_weights())
+        model.compile(optimizer=kt.schedules.transformer_optimizer(16, warmup_steps=4,
+                                                                   gradient_accumulation_steps=accumulation),
+                      loss=kt.losses.LabelSmoothedCrossEntropy())
+        models.append(model)
+    accumulating, whole = models
+    initial = [to_numpy(w) for w in accumulating.trainable_weights]
+    for update in range(2):
+        for micro in range(n):
+            accumulating.train_on_batch(x, source)
+            if update == 0 and micro < n - 1:  # nothing is applied before the N-th batch
+                for w, w0 in zip(accumulating.trainable_weights, initial):
+                    np.testing.assert_array_equal(to_numpy(w), w0)
+        whole.train_on_batch(big, np.concatenate([source] * n))
+        assert int(to_numpy(accumulating.optimizer.iterations)) == int(to_numpy(whole.optimizer.iterations)) == update + 1
+        for a, b in zip(accumulating.trainable_weights, whole.trainable_weights):
+            if a.path.endswith("key_dense/bias"):
+                continue  # zero gradients up to rounding, scaled to full steps by Adam (see above)
+            np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=1e-5, err_msg=a.path)

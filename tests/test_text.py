@@ -148,3 +148,12 @@ def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
     assert sum(int(x["source_ids"].shape[0]) for x, _ in ds) == 3
     with pytest.raises(ValueError, match="batch_tokens=8, max_length=16"):
         make_dataset(pairs, tokenizer, batch_tokens=8, max_length=16)
+
+
+def test_a_corpus_reversed_swaps_every_pair_and_keeps_the_splits():
+    corpus = corpora.numbers_corpus(train_size=200, validation_size=5, test_size=5)
+    back = corpus.reversed()
+    for split in ("train", "validation", "test"):
+        assert getattr(back, split) == [(t, s) for s, t in getattr(corpus, split)]
+    assert back.skipped_empty == corpus.skipped_empty and back.description.endswith("reversed")
+    assert back.reversed().train == corpus.train

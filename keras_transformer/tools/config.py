@@ -32,8 +32,10 @@ class TrainConfig:
     min_frequency: int = 20  # fewest occurrences of a pair to become a vocabulary piece
     lower_case: bool = False
     max_length: int = 64
+    reverse: bool = False  # translate the corpus's second side into its first
     batch_tokens: int = 4096
-    steps: int = 1250
+    steps: int = 1250  # optimizer updates
+    accumulate_steps: int = 1  # batches whose gradients are averaged into one update
     steps_per_epoch: int = 125  # also the checkpoint interval
     warmup_steps: int | None = None  # None: 4000 (the paper) for base/big, 400 for tiny
     learning_rate_scale: float = 1.0
@@ -61,7 +63,7 @@ class TrainConfig:
         if self.corpus == "tsv":
             need(bool(self.tsv), "--corpus tsv needs --tsv FILE")
         need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
-        positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout",
+        positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout", "accumulate_steps",
                     "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
         for name in positive:
             value = getattr(self, name)

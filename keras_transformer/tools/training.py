@@ -42,12 +42,14 @@ def load_corpus(config: TrainConfig):
 
     try:
         if config.corpus == "numbers":
-            return corpora.numbers_corpus(train_size=config.train_size, seed=config.seed)
-        if config.corpus == "tsv":
-            return corpora.corpus_from_files(tsv=config.tsv, holdout=config.holdout)
-        return corpora.corpus_from_files(config.source_file, config.target_file, holdout=config.holdout)
+            corpus = corpora.numbers_corpus(train_size=config.train_size, seed=config.seed)
+        elif config.corpus == "tsv":
+            corpus = corpora.corpus_from_files(tsv=config.tsv, holdout=config.holdout)
+        else:
+            corpus = corpora.corpus_from_files(config.source_file, config.target_file, holdout=config.holdout)
     except corpora.CorpusError as e:
         raise RunError(str(e)) from None
+    return corpus.reversed() if config.reverse else corpus
 
 
 # The names `train` writes in its output directory (and their temporary names): it
@@ -111,7 +113,9 @@ def build_model(config: TrainConfig, tokenizer) -> Transformer:
     )
     model.compile(
         optimizer=transformer_optimizer(
-            model.d_model, config.effective_warmup(), config.learning_rate_scale
+            model.d_model, config.effective_warmup(), config.learning_rate_scale,
+            # Keras' own accumulation: `iterations` (and the schedule) count updates.
+            gradient_accumulation_steps=config.accumulate_steps if config.accumulate_steps > 1 else None,
         ),
         loss=LabelSmoothedCrossEntropy(epsilon=config.label_smoothing, pad_id=model.pad_id),
         metrics=[MaskedAccuracy(pad_id=model.pad_id), Perplexity(pad_id=model.pad_id)],
@@ -239,7 +243,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
     start = time.time()
     model.fit(
         train_data,
-        steps_per_epoch=config.steps_per_epoch,
+        # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
+        steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
         epochs=epochs,
         initial_epoch=initial_epoch,
         validation_data=validation_data,

@@ -42,6 +42,14 @@ class Corpus:
     skipped_empty: int = 0
     description: str = ""
 
+    def reversed(self) -> "Corpus":
+        """The same corpus in the other direction: every pair's target becomes its source."""
+        swap = lambda pairs: [(t, s) for s, t in pairs]  # noqa: E731
+        return dataclasses.replace(
+            self, train=swap(self.train), validation=swap(self.validation), test=swap(self.test),
+            description=f"{self.description}, reversed",
+        )
+
     def summary(self) -> str:
         return (
             f"{self.description}: {len(self.train)} train, {len(self.validation)} validation, "
@@ -152,6 +160,12 @@ def decode_lines(data: bytes, name) -> list[str]:
     if lines:
         lines[0] = lines[0].lstrip("\ufeff")  # a byte-order mark is not text
     return lines
+
+
+def read_lines(path) -> list[str]:
+    """A text file's lines (plain or `.gz`, any line ending); problems as `CorpusError`."""
+    path = pathlib.Path(path)
+    return decode_lines(_read_bytes(path), path)
 
 
 def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
