@@ -214,7 +214,6 @@ class TranslationScores(keras.callbacks.Callback):
         self.references = [r for _, r in pairs]
         self.beam_size = beam_size
         self.stop_at_exact_match = stop_at_exact_match
-        self.stopped_epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
         from keras_transformer.tools import evaluation
@@ -226,4 +225,3 @@ class TranslationScores(keras.callbacks.Callback):
         target = self.stop_at_exact_match
         if target is not None and scores["exact_match"] >= target:
             self.model.stop_training = True
-            self.stopped_epoch = epoch + 1

@@ -216,10 +216,8 @@ def _translate_parser(sub) -> None:
 
 
 def _run_translate(args) -> int:
-    from keras_transformer.tools import evaluation
+    from keras_transformer.tools import evaluation, files
     from keras_transformer.tools.text import corpora
-
-    from keras_transformer.tools import files
 
     if args.input and args.texts:
         raise RunError("give TEXT arguments or --input FILE, not both")
@@ -316,8 +314,8 @@ def _demo_parser(sub) -> None:
                     "it with plain tf.saved_model.load and translate held-out numbers.",
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
-    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score (at most 500 of them are "
-                        "also checked during training).")
+    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score (at most 500 of them "
+                        "are also checked during training).")
     p.add_argument("--steps", type=_at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
