@@ -102,6 +102,7 @@ def beam_search(
     beam_size: int = BEAM_SIZE,
     length_penalty_alpha: float = LENGTH_PENALTY,
     min_length: int = 0,
+    num_hypotheses: int = 1,
 ):
     """Beam search with the GNMT length penalty and early stopping.
 
@@ -120,13 +121,21 @@ def beam_search(
         beam_size: Hypotheses kept per input k. Defaults to `4` (the paper).
         length_penalty_alpha: alpha. Defaults to `0.6` (the paper).
         min_length: No `[END]` before this many tokens. Defaults to `0`.
+        num_hypotheses: n, how many hypotheses to return per input (the n-best
+            list), at most `beam_size`. Defaults to `1`.
 
     Returns:
         `(tokens, scores)`: integer `(N, L)`, the best hypothesis per input (tokens,
-        `[END]`, then padding), and its `(N,)` score.
+        `[END]`, then padding), and its `(N,)` score. With `num_hypotheses=n > 1`,
+        `(N, n, L)` and `(N, n)`, best first: the finished hypotheses by score, then
+        (where fewer than n finished) the live ones, scored at their full length.
     """
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
+    if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(
+            f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. Received: num_hypotheses={num_hypotheses!r}"
+        )
     k = beam_size
     alpha = float(length_penalty_alpha)
     banned = _Banned(start_id, end_id, pad_id, min_length)
@@ -197,10 +206,20 @@ def beam_search(
     i, sequences, alive_logp, _, finished_seq, finished_score = _compat.while_loop(cond, body, loop_vars)
     # Inputs with nothing finished (every hypothesis reached max_length) fall back to the
     # best live hypothesis, scored with the penalty of its full length.
-    alive_score = alive_logp[:, 0] / length_penalty(i, alpha)
+    alive_score = alive_logp / length_penalty(i, alpha)  # (N, k)
+    if num_hypotheses > 1:
+        # Finished hypotheses rank first, then live ones; dead slots (-inf) last.
+        real_finished = finished_score > _NEG_INF / 2
+        rank = ops.concatenate(
+            [ops.where(real_finished, finished_score, 2 * _NEG_INF), alive_score + _NEG_INF / 4], axis=1
+        )
+        _, keep = ops.top_k(rank, num_hypotheses)
+        hypotheses = gather_beams(ops.concatenate([finished_seq, sequences], axis=1), keep)
+        scores = ops.take_along_axis(ops.concatenate([finished_score, alive_score], axis=1), keep, axis=1)
+        return hypotheses[:, :, 1:], scores
     use_finished = finished_score[:, 0] > _NEG_INF / 2
     best = ops.where(use_finished[:, None], finished_seq[:, 0], sequences[:, 0])
-    score = ops.where(use_finished, finished_score[:, 0], alive_score)
+    score = ops.where(use_finished, finished_score[:, 0], alive_score[:, 0])
     return best[:, 1:], score
 
 

@@ -56,11 +56,15 @@ def _bad_input_cases(tmp_path):
         (["--min-frequency", "-1"], r"--min-frequency must be >= 0; got -1"),
         (["--d-model", "32", "--num-heads", "3"], r"--d-model \(32\) must be divisible by --num-heads \(3\)"),
         (["--steps", "0", "--dropout", "1.5"], r"--steps must be >= 1; got 0.*--dropout must be in \[0, 1\)"),
-        (["--tsv", four_hundred, "--holdout", "100000"], r"--holdout 100000 asks for 200000 held-out pairs.*400 pairs"),
+        (["--tsv", four_hundred, "--holdout", "100000"], r"--holdout 100000 asks for 200000 held-out pairs.*400 distinct pairs"),
         (["--stop-at-exact-match", "0.9"], r"--stop-at-exact-match needs --validate-translations N > 0"),
         (["--validate-translations", "5", "--stop-at-exact-match", "99"], r"--stop-at-exact-match must be in \(0, 1\]"),
         (["--validate-translations", "-1"], r"--validate-translations must be >= 0; got -1"),
         (["--accumulate-steps", "0"], r"--accumulate-steps must be >= 1; got 0"),
+        (["--early-stopping", "3"], r"--early-stopping needs --validate-translations N > 0"),
+        (["--average-from", "best"], r"--average-from best needs --validate-translations N > 0"),
+        (["--validate-translations", "5", "--early-stopping", "0"], r"--early-stopping must be >= 1; got 0"),
+        (["--vocab-size", "6", "--train-size", "100"], r"--vocab-size 6: SentencePiece could not learn a vocabulary"),
         (["--tsv", four_hundred, "--holdout", "20", "--max-length", "3"],
          r"only 0 training pairs are left \(\d+ longer than --max-length 3 dropped"),
     ]
@@ -98,6 +102,9 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, capsys):
     (["evaluate", "--length-penalty", "-1"], "argument --length-penalty: must be >= 0.0, got -1"),
     (["export", "--beam-size", "0"], "argument --beam-size: must be >= 1, got 0"),
     (["demo", "--eval-size", "0"], "argument --eval-size: must be >= 1, got 0"),
+    (["train", "--mixed-precision", "float8"], "argument --mixed-precision: invalid choice: 'float8'"),
+    (["train", "--tokenizer", "bpe"], "argument --tokenizer: invalid choice: 'bpe'"),
+    (["translate", "--model", "last", "x"], "argument --model: invalid choice: 'last'"),
 ])
 def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -261,3 +268,55 @@ def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):
         assert all(s.startswith("target") and t.startswith("source") for s, t in pairs)
     numbers = load_corpus(TrainConfig(train_size=200, reverse=True))
     assert ("zweiundvierzig", "forty-two") in numbers.train
+
+
+def test_best_checkpoints_early_stopping_and_averaging_the_best(tmp_path, monkeypatch, capsys):
+    from keras_transformer.tools import callbacks, evaluation
+
+    tsv = _copy_task(tmp_path / "copy.tsv")
+    calls = []
+
+    def translate_by_epoch(model, tokenizer, texts, **kwargs):
+        # Validation quality by epoch: nothing, perfect, half the words, nothing, ...
+        calls.append(len(texts))
+        quality = {2: 1.0, 3: 0.5}.get(len(calls), 0.0)
+        return [" ".join(REFERENCES[t].split()[: round(len(REFERENCES[t].split()) * quality)]) for t in texts]
+
+    from keras_transformer.tools.config import TrainConfig
+    from keras_transformer.tools.training import load_corpus
+
+    REFERENCES = dict(load_corpus(TrainConfig(corpus="tsv", tsv=tsv, holdout=20)).validation)
+    monkeypatch.setattr(evaluation, "translate_texts", translate_by_epoch)
+    out = tmp_path / "run"
+    args = ["train", "--output-dir", str(out), "--tsv", tsv, "--holdout", "20", "--vocab-size", "100",
+            "--batch-tokens", "512", "--max-length", "16", "--num-layers", "1", "--d-model", "32", "--d-ff", "64",
+            "--quiet", "--steps", "30", "--steps-per-epoch", "3", "--validate-translations", "10",
+            "--early-stopping", "2", "--average-checkpoints", "2", "--average-from", "best"]
+    assert cli.main(args) == 0
+    assert "stopped after step 12 of 30: validation BLEU did not improve for 2 epochs" in capsys.readouterr().out
+    assert calls == [10] * 4
+    record = json.loads((out / "best" / "best.json").read_text())
+    assert record["best_epoch"] == 2 and record["scores"]["2"][0] == 100.0
+    assert sorted(p.name for p in (out / "best").glob("*.npz")) == ["checkpoint_000002.npz", "checkpoint_000003.npz"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_epoch"] == 2 and metrics["best_step"] == 6 and metrics["best_val_bleu"] == 100.0
+    # best/model.keras is epoch 2; model.keras the mean of the two best epochs (2 and 3).
+    best, _ = evaluation.load_run(out, "best")
+    final, _ = evaluation.load_run(out)
+    with np.load(out / "best" / "checkpoint_000002.npz") as e2, np.load(out / "best" / "checkpoint_000003.npz") as e3:
+        first = sorted(e2.files)[0]
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(best.weights[0]), e2[first], rtol=1e-6)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(final.weights[0]), (e2[first] + e3[first]) / 2,
+                                   rtol=1e-5, atol=1e-7)
+    assert callbacks.TrainingState.stopped(out / "state")
+    # Resumed, the stopped run trains no further; evaluate and translate can use the best model.
+    assert cli.main(args) == 0
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 12
+    monkeypatch.undo()  # real translations again
+    assert cli.main(["translate", "--run-dir", str(out), "--model", "best", "--beam-size", "1", "alpha beta"]) == 0
+
+
+def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path, capsys):
+    (tmp_path / "model.keras").write_text("")
+    assert cli.main(["translate", "--run-dir", str(tmp_path), "--model", "best", "x"]) == 2
+    assert "only runs trained with --validate-translations keep one" in capsys.readouterr().err

@@ -70,6 +70,24 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
         assert message in err and err.count("error:") == 1, err
 
 
+def test_n_best_lists_the_beam_best_first(demo, capsys):
+    from keras_transformer.tools import evaluation
+
+    run = str(demo / "run")
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "3", "--n-best", "3", "seven", "forty-two"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "0", "1", "1", "1"]
+    for sentence in (lines[:3], lines[3:]):
+        scores = [float(line.split(" ||| ")[2]) for line in sentence]
+        assert scores == sorted(scores, reverse=True)
+    # The first of each list is the translation beam search gives without --n-best.
+    model, tokenizer = evaluation.load_run(run)
+    best = evaluation.translate_texts(model, tokenizer, ["seven", "forty-two"], beam_size=3)
+    assert [lines[0].split(" ||| ")[1], lines[3].split(" ||| ")[1]] == best
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "2", "--n-best", "3", "seven"]) == 2
+    assert "--n-best 3 is more than the --beam-size 2 hypotheses" in capsys.readouterr().err
+
+
 def test_export_command(demo, tmp_path, capsys):
     assert cli.main(["export", "--run-dir", str(demo / "run"), "--output", str(tmp_path / "sm")]) == 0
     assert (tmp_path / "sm" / "saved_model.pb").is_file()

@@ -75,6 +75,30 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
         assert scores[b] == pytest.approx(exhaustive.max(), abs=1e-4)
 
 
+def test_n_best_list_is_the_exhaustive_top_n():
+    model = _model(seed=3, scale=0.8)
+    max_length, n, alpha = 3, 6, 0.6
+    allowed = [t for t in range(V) if t not in (decoding.PAD_ID, decoding.START_ID)]
+    non_end = [t for t in allowed if t != decoding.END_ID]
+    candidates = [tuple(p) + (decoding.END_ID,) for k in range(max_length) for p in itertools.product(non_end, repeat=k)]
+    source = _source()
+    width = len(allowed) ** max_length
+    tokens, scores = model.translate(source, beam_size=width, length_penalty=alpha, max_length=max_length,
+                                     return_scores=True, num_hypotheses=n)
+    tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
+    assert tokens.shape == (len(source), n, max_length) and scores.shape == (len(source), n)
+    best_only = to_numpy(model.translate(source, beam_size=width, length_penalty=alpha, max_length=max_length), "int32")
+    np.testing.assert_array_equal(tokens[:, 0], best_only)
+    for b in range(len(source)):
+        exhaustive = _score_sequences(model, source[b], candidates, alpha)
+        np.testing.assert_allclose(scores[b], np.sort(exhaustive)[::-1][:n], atol=1e-4)
+        for j in range(n):
+            found = tuple(tokens[b, j, : list(tokens[b, j]).index(decoding.END_ID) + 1])
+            assert exhaustive[candidates.index(found)] == pytest.approx(scores[b, j], abs=1e-4)
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        model.translate(source, beam_size=2, num_hypotheses=3)
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_cache_gives_the_same_tokens_as_rerunning_the_decoder(search):
     model = _model(seed=5)
@@ -131,9 +155,9 @@ def test_compiled_searches_are_bounded_and_owned_by_the_model():
     for n in (3, 4, 5):
         model.translate(_source(), beam_size=1, max_length=n)
     assert len(model._searches) == 2
-    first = model._searches.get((5, 1, 0.6, 0, True), lambda: None)
+    first = model._searches.get((5, 1, 0.6, 0, True, 1), lambda: None)
     assert first is not None  # the newest setting is kept; the oldest (3) was dropped
-    assert model._searches.get((3, 1, 0.6, 0, True), lambda: "made again") == "made again"
+    assert model._searches.get((3, 1, 0.6, 0, True, 1), lambda: "made again") == "made again"
 
 
 class _TinyLM:

@@ -14,7 +14,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer.tools import evaluation
-from keras_transformer.tools.text import Tokenizer, corpora
+from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import make_dataset
 
 # Not 0, 1, 2, 3: every place that assumed the defaults would go wrong here.
@@ -98,14 +98,14 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
 
 def test_vocabulary_or_special_id_mismatch_is_refused(trained, tmp_path):
     model, tokenizer, _ = trained
-    other = Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "a"])
+    other = WordPieceTokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "a"])
     with pytest.raises(ValueError, match=rf"vocab_size: model {model.vocab_size}, tokenizer 5.*pad_id: model 5, tokenizer 0"):
         kt.export.export_translator(model, other, tmp_path / "x")
     # Same size, default ids: the special ids are named with both values.
     vocab = tokenizer.vocabulary
     for token in ("[PAD]", "[UNK]", "[START]", "[END]"):
         vocab.remove(token)
-    same_size = Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", *vocab])
+    same_size = WordPieceTokenizer(["[PAD]", "[UNK]", "[START]", "[END]", *vocab])
     with pytest.raises(ValueError, match="pad_id: model 5, tokenizer 0; start_id: model 0, tokenizer 2; end_id: model 7"):
         kt.export.export_translator(model, same_size, tmp_path / "x")
     with pytest.raises(evaluation.RunDirError, match="pad_id: model 5, tokenizer 0"):

@@ -1,49 +1,114 @@
 """Tokenizer, corpora and the tf.data pipeline (TensorFlow Text under every backend)."""
 
 import gzip
+import re
+import unicodedata
 
 import numpy as np
 import pytest
 
 from keras_transformer.decoding import END_ID, PAD_ID, START_ID
-from keras_transformer.tools.text import Tokenizer, corpora
+from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import bucket_lengths, make_dataset
 
 UNICODE = ["Grüße aus München, schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty-two thousand and seven"]
+# What a round trip must keep: punctuation, apostrophes, hyphens, numbers, umlauts, CJK.
+REAL = [
+    "It's a t-shirt, isn't it?",
+    "Tom's 3.5-year-old dog costs $1,200.",
+    "„Grüß Gott!“, sagte die Österreicherin; er lächelte.",
+    "Er wohnt in der Kaiser-Wilhelm-Straße 12a (3. Stock).",
+    "東京は日本の首都です。「はい」と言った。",
+    "«Ça va?» — Oui… ½ 99\u202f% sicher!",
+    "Wait... what?! No: 'never' -- really.",
+]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return Tokenizer.build(UNICODE * 5, vocab_size=300, min_frequency=1)
+    return Tokenizer.build(UNICODE * 5, vocab_size=300)
 
 
 def test_reserved_tokens_and_unicode_round_trip(tokenizer):
-    assert tokenizer.vocabulary[:4] == ["[PAD]", "[UNK]", "[START]", "[END]"]
+    assert tokenizer.kind == "sentencepiece"
+    assert {tokenizer.vocabulary[i] for i in range(4)} == {"[PAD]", "[UNK]", "[START]", "[END]"}
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.start_id, tokenizer.end_id) == (0, 1, 2, 3)
     ids = tokenizer.tokenize(UNICODE)
     assert int(ids.flat_values.numpy().min()) >= 4  # no reserved ids from text
     text = [t.decode("utf-8") for t in tokenizer.detokenize(ids).numpy()]
-    # Words come back whole; punctuation is split off by the basic tokenizer.
-    assert text == ["Grüße aus München , schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty - two thousand and seven"]
+    assert text == UNICODE
     unknown = tokenizer.tokenize(["Zebra"]).flat_values.numpy().tolist()
-    assert 1 in unknown  # a letter never seen is [UNK]
+    assert 1 in unknown  # a letter never seen is [UNK] (a small vocabulary has no byte fallback)
+
+
+def _normalised(text):
+    return re.sub(" +", " ", unicodedata.normalize("NFC", text)).strip()
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_sentencepiece_round_trip_is_lossless_wordpiece_is_not(kind):
+    tok = Tokenizer.build(REAL * 10, vocab_size=400, kind=kind, min_frequency=1)
+    assert tok.kind == kind
+    back = tok.detokenize_dense(tok.tokenize_dense(REAL))
+    if kind == "sentencepiece":
+        assert back == [_normalised(t) for t in REAL]
+        # Whitespace is normalised (runs become one space); decomposed umlauts compose (NFC).
+        messy = ["  Grüße,   Tom!  ", "Gru\u0308\u00dfe"]
+        assert tok.detokenize_dense(tok.tokenize_dense(messy)) == ["Grüße, Tom!", "Grüße"]
+    else:
+        # BERT's pre-tokenizer splits punctuation off, and detokenization cannot tell.
+        assert back[0] == "It ' s a t - shirt , isn ' t it ?"
+
+
+def test_byte_fallback_spells_unseen_characters():
+    texts = [t for t in REAL if not t.startswith("東京")] * 40
+    tok = Tokenizer.build(texts, vocab_size=1024)  # >= 1024: bytes on by default
+    unseen = ["東京 Zürich ß€ 🦒"]
+    ids = tok.tokenize_dense(unseen).numpy()
+    assert tok.unk_id not in ids
+    assert tok.detokenize_dense(ids) == unseen
+    without = Tokenizer.build(texts, vocab_size=1024, byte_fallback=False)
+    assert without.unk_id in without.tokenize_dense(unseen).numpy()
 
 
 def test_lower_case_keeps_umlauts():
-    tok = Tokenizer.build(["ÄPFEL und Öl"], vocab_size=100, lower_case=True, min_frequency=1)
-    assert tok.detokenize_dense(tok.tokenize_dense(["ÄPFEL und Öl"])) == ["äpfel und öl"]
+    for kind in ("sentencepiece", "wordpiece"):
+        tok = Tokenizer.build(["ÄPFEL und Öl"], vocab_size=30, lower_case=True, min_frequency=1, kind=kind)
+        assert tok.detokenize_dense(tok.tokenize_dense(["ÄPFEL und Öl"])) == ["äpfel und öl"]
 
 
-def test_save_and_load(tokenizer, tmp_path):
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_save_and_load(kind, tmp_path):
+    tokenizer = Tokenizer.build(UNICODE * 5, vocab_size=300, kind=kind, min_frequency=1)
     tokenizer.save(tmp_path / "tok")
     loaded = Tokenizer.load(tmp_path / "tok")
+    assert type(loaded) is type(tokenizer) and loaded.kind == kind
     assert loaded.vocabulary == tokenizer.vocabulary and loaded.lower_case is False
     np.testing.assert_array_equal(
         loaded.tokenize_dense(UNICODE).numpy(), tokenizer.tokenize_dense(UNICODE).numpy()
     )
 
 
+def test_vocabularies_written_before_sentencepiece_still_load(tmp_path):
+    # A run directory's tokenizer as the WordPiece-only releases wrote it: no "kind".
+    (tmp_path / "tok").mkdir()
+    vocab = ["[PAD]", "[UNK]", "[START]", "[END]", "forty", "two", "##s"]
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"lower_case": false, "vocab_size": 7}', encoding="utf-8")
+    tok = Tokenizer.load(tmp_path / "tok")
+    assert isinstance(tok, WordPieceTokenizer) and tok.vocabulary == vocab
+    assert tok.tokenize_dense(["forty twos"]).numpy().tolist() == [[4, 5, 6]]
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"kind": "bpe", "lower_case": false, "vocab_size": 7}')
+    with pytest.raises(ValueError, match="unknown tokenizer kind 'bpe'"):
+        Tokenizer.load(tmp_path / "tok")
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"kind": "sentencepiece", "lower_case": false, "vocab_size": 7}')
+    with pytest.raises(FileNotFoundError, match="missing sentencepiece.model"):
+        Tokenizer.load(tmp_path / "tok")
+
+
 def test_tensorflow_text_learner_gives_the_same_format():
-    tok = Tokenizer.build(["the cat sat", "the cats sat down"] * 20, vocab_size=40, learner="tensorflow-text")
+    tok = Tokenizer.build(["the cat sat", "the cats sat down"] * 20, vocab_size=40, kind="wordpiece",
+                          learner="tensorflow-text")
     assert tok.vocabulary[:4] == ["[PAD]", "[UNK]", "[START]", "[END]"]
     assert tok.detokenize_dense(tok.tokenize_dense(["the cats sat"])) == ["the cats sat"]
 
@@ -53,17 +118,24 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["a b c"], vocab_size=4)
     with pytest.raises(ValueError, match="empty corpus"):
         Tokenizer.build([], vocab_size=100)
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        Tokenizer.build(["a b c"], vocab_size=100, kind="bpe")
     with pytest.raises(ValueError, match=r"each reserved token .* exactly once.*'\[PAD\]': 0"):
-        Tokenizer(["a", "b", "c", "d", "e"])
+        WordPieceTokenizer(["a", "b", "c", "d", "e"])
     with pytest.raises(ValueError, match=r"'\[END\]': 2"):
-        Tokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "[END]"])
-    with pytest.raises(ValueError, match="distinct"):
-        Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=1)
+        WordPieceTokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "[END]"])
+    for kind in ("sentencepiece", "wordpiece"):
+        with pytest.raises(ValueError, match="distinct"):
+            Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=1, kind=kind)
+    # More distinct characters than the vocabulary can hold.
+    with pytest.raises(ValueError, match="raise the vocabulary size"):
+        Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=10)
 
 
-def test_reserved_tokens_can_sit_at_other_ids():
-    tok = Tokenizer.build(["zwei und vierzig", "forty two"], vocab_size=60, min_frequency=1,
-                          pad_id=6, unk_id=0, start_id=9, end_id=3)
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_reserved_tokens_can_sit_at_other_ids(kind):
+    tok = Tokenizer.build(["zwei und vierzig", "forty two"] * 5, vocab_size=60, min_frequency=1,
+                          pad_id=6, unk_id=0, start_id=9, end_id=3, kind=kind)
     assert (tok.pad_id, tok.unk_id, tok.start_id, tok.end_id) == (6, 0, 9, 3)
     assert [tok.vocabulary[i] for i in (6, 0, 9, 3)] == ["[PAD]", "[UNK]", "[START]", "[END]"]
     ids = tok.tokenize_dense(["forty two", "zwei"]).numpy()
@@ -117,6 +189,25 @@ def test_tsv_reader(tmp_path):
     path.write_text("Hi.\tHallo!\nno tab here\n", encoding="utf-8")
     with pytest.raises(corpora.CorpusError, match=r"deu.tsv, line 2: .*no tab"):
         corpora.read_tsv(path)
+
+
+def test_split_groups_translations_of_a_sentence_drops_repeats_and_follows_the_seed():
+    # 300 English sentences, each with 1-3 German translations, and some repeated pairs.
+    pairs = [(f"sentence {i}.", f"Satz {i}, Variante {k}.") for i in range(300) for k in range(1 + i % 3)]
+    pairs += pairs[:25]
+    corpus = corpora.split_pairs(pairs, holdout=40, seed=3)
+    assert corpus.duplicates_dropped == 25 and "25 repeated pairs dropped" in corpus.summary()
+    sources = [{s for s, _ in split} for split in (corpus.train, corpus.validation, corpus.test)]
+    assert not (sources[0] & sources[1]) and not (sources[0] & sources[2]) and not (sources[1] & sources[2])
+    # Every translation of a held-out sentence is held out with it.
+    assert len(corpus.train) + len(corpus.validation) + len(corpus.test) == len(set(pairs))
+    for split in (corpus.validation, corpus.test):
+        assert 40 <= len(split) < 40 + 3
+    # Line order does not matter; the seed does.
+    shuffled = corpora.split_pairs(pairs[::-1], holdout=40, seed=3)
+    assert sorted(shuffled.test) == sorted(corpus.test)
+    assert sorted(corpora.split_pairs(pairs, holdout=40, seed=4).test) != sorted(corpus.test)
+    assert "split seed 3" in corpus.description
 
 
 def test_split_pairs_refuses_empty_corpus():

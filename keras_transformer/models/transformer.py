@@ -262,11 +262,13 @@ class Transformer(keras.Model):
         length_penalty: float = LENGTH_PENALTY,
         min_length: int = 0,
         use_cache: bool = True,
+        num_hypotheses: int = 1,
     ):
         """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
 
         `max_length` may be a tensor (the exporter traces it from the input's length).
-        Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros.
+        Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros. With
+        `num_hypotheses=n > 1` (beam search), `(B, n, max_length)` and `(B, n)`.
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         # `recorded`: replayed without Keras' per-call Python on PyTorch (see `_compat`).
@@ -281,7 +283,8 @@ class Transformer(keras.Model):
             tokens = decoding.greedy_search(step, cache, batch, max_length, **special)
             return tokens, ops.zeros((batch,), "float32")
         return decoding.beam_search(
-            step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty, **special
+            step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
+            num_hypotheses=num_hypotheses, **special,
         )
 
     def translate(
@@ -295,6 +298,7 @@ class Transformer(keras.Model):
         min_length: int = 0,
         use_cache: bool = True,
         return_scores: bool = False,
+        num_hypotheses: int = 1,
     ):
         """Beam search (section 6.1): the best output ids for each source row.
 
@@ -314,13 +318,21 @@ class Transformer(keras.Model):
             use_cache: Use the KV cache. `False` re-runs the decoder over the whole
                 prefix at every step (same tokens, slower: for checks and benchmarks).
             return_scores: Also return the `(B,)` scores `log P / lp` (zeros for greedy).
+            num_hypotheses: n, the size of the n-best list per row, at most
+                `beam_size`. Defaults to `1`.
 
         Returns:
             Integer `(B, max_length)`: output tokens, `[END]`, then `pad_id`; and the
-            scores if `return_scores`.
+            scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
+            best first, and `(B, n)` scores.
         """
         if not isinstance(beam_size, int) or beam_size < 1:
             raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
+        if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+            raise ValueError(
+                f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "
+                f"Received: num_hypotheses={num_hypotheses!r}"
+            )
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
@@ -329,7 +341,8 @@ class Transformer(keras.Model):
         if not self.built:
             self.build()
         max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
-        settings = (max_length, int(beam_size), float(length_penalty), int(min_length), bool(use_cache))
+        settings = (max_length, int(beam_size), float(length_penalty), int(min_length), bool(use_cache),
+                    num_hypotheses)
 
         def make():
             return _compat.compile_function(lambda ids: self.search(ids, *settings), self.variables)

@@ -1,5 +1,5 @@
-"""Training callbacks: resumable state, checkpoint averaging, training curves, and
-validation translations scored every epoch.
+"""Training callbacks: resumable state, checkpoint averaging, training curves,
+validation translations scored every epoch, and the best checkpoints by their BLEU.
 
 Checkpoints are NumPy `.npz` files holding variables in a fixed order, so they are the
 same whatever backend wrote them. Every file is written with `files.atomic_write`, so a
@@ -10,6 +10,7 @@ half-written one.
 from __future__ import annotations
 
 import csv
+import json
 import pathlib
 
 import keras
@@ -26,6 +27,16 @@ def _save_npz(path: pathlib.Path, **arrays) -> None:
 
 def _weights_dict(variables) -> dict[str, np.ndarray]:
     return {f"v{i:05d}": keras.ops.convert_to_numpy(v) for i, v in enumerate(variables)}
+
+
+def weights_of(model: keras.Model) -> dict[str, np.ndarray]:
+    """The model's weights as NumPy arrays, as checkpoints hold them."""
+    return _weights_dict(model.weights)
+
+
+def set_weights(model: keras.Model, arrays: dict) -> None:
+    """Assign what `weights_of` returned."""
+    _assign(model.weights, arrays, "weights")
 
 
 def _assign(variables, arrays: dict, what: str) -> None:
@@ -100,15 +111,18 @@ class CheckpointAverager(keras.callbacks.Callback):
     Args:
         directory: Where the checkpoints live.
         num_checkpoints: k, how many to keep and average. Defaults to `5`.
+        average_at_end: Average them into the model when training ends. Defaults to
+            `True`; `False` only keeps them (another choice of checkpoints is averaged).
     """
 
-    def __init__(self, directory, num_checkpoints: int = 5):
+    def __init__(self, directory, num_checkpoints: int = 5, average_at_end: bool = True):
         super().__init__()
         if num_checkpoints < 1:
             raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
         self.directory = pathlib.Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.num_checkpoints = num_checkpoints
+        self.average_at_end = average_at_end
 
     def checkpoints(self) -> list[pathlib.Path]:
         return sorted(self.directory.glob("checkpoint_*.npz"))
@@ -119,7 +133,72 @@ class CheckpointAverager(keras.callbacks.Callback):
             old.unlink()
 
     def on_train_end(self, logs=None):
-        average_checkpoints(self.model, self.checkpoints()[-self.num_checkpoints :])
+        if self.average_at_end:
+            average_checkpoints(self.model, self.checkpoints()[-self.num_checkpoints :])
+
+
+class BestCheckpoints(keras.callbacks.Callback):
+    """Keeps the `num_checkpoints` best epochs by validation BLEU, and stops early.
+
+    Reads `val_bleu` (ties broken by `val_chrf`) from the epoch's logs, so it must come
+    after `TranslationScores` in the callback list. The best epochs' weights are kept
+    as `checkpoint_{epoch:06d}.npz` in `directory`, with `best.json` holding every
+    epoch's scores; with `patience`, training stops after `patience` epochs in a row
+    without a new best. Everything it needs lives in `directory`, so a resumed run
+    goes on counting where the killed one was.
+
+    Args:
+        directory: Where the best checkpoints and `best.json` live.
+        num_checkpoints: How many of the best to keep. Defaults to `1`.
+        patience: Epochs without improvement before stopping. Defaults to `None` (never).
+    """
+
+    RECORD = "best.json"
+
+    def __init__(self, directory, num_checkpoints: int = 1, patience: int | None = None):
+        super().__init__()
+        if num_checkpoints < 1:
+            raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
+        self.directory = pathlib.Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.num_checkpoints = num_checkpoints
+        self.patience = patience
+        self.stopped_early = False
+
+    def scores(self) -> dict[int, tuple[float, float]]:
+        """`{epoch: (val_bleu, val_chrf)}` for every epoch scored so far (epochs count from 1)."""
+        path = self.directory / self.RECORD
+        if not path.is_file():
+            return {}
+        return {int(k): tuple(v) for k, v in json.loads(path.read_text(encoding="utf-8"))["scores"].items()}
+
+    def ranked(self) -> list[int]:
+        """Scored epochs, best first (the earlier epoch first among equals)."""
+        scores = self.scores()
+        return sorted(scores, key=lambda e: (-scores[e][0], -scores[e][1], e))
+
+    def checkpoints(self) -> list[pathlib.Path]:
+        """The kept checkpoints, best first."""
+        paths = [self.directory / f"checkpoint_{e:06d}.npz" for e in self.ranked()[: self.num_checkpoints]]
+        return [p for p in paths if p.is_file()]
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if "val_bleu" not in logs:
+            raise ValueError("BestCheckpoints needs `val_bleu` in the logs: put TranslationScores before it.")
+        scores = self.scores()
+        scores[epoch + 1] = (float(logs["val_bleu"]), float(logs.get("val_chrf", 0.0)))
+        keep = sorted(scores, key=lambda e: (-scores[e][0], -scores[e][1], e))[: self.num_checkpoints]
+        if epoch + 1 in keep:
+            _save_npz(self.directory / f"checkpoint_{epoch + 1:06d}.npz", **_weights_dict(self.model.weights))
+        files.write_json(self.directory / self.RECORD, {"scores": {str(e): list(v) for e, v in sorted(scores.items())},
+                                                        "best_epoch": keep[0]})
+        for path in self.directory.glob("checkpoint_*.npz"):
+            if int(path.stem.split("_")[1]) not in keep:
+                path.unlink()
+        if self.patience is not None and epoch + 1 - keep[0] >= self.patience:
+            self.stopped_early = True
+            self.model.stop_training = True
 
 
 def average_checkpoints(model: keras.Model, paths) -> int:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, PRESETS
 from keras_transformer.tools.config import RunError, TrainConfig
 
 
@@ -29,6 +29,9 @@ def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentPa
 
 def _run_dir_flag(p) -> None:
     p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--model", choices=["final", "best"], default="final",
+                   help="final: RUN_DIR/model.keras (checkpoints averaged). best: RUN_DIR/best/model.keras, the "
+                        "epoch with the best validation BLEU (runs trained with --validate-translations).")
 
 
 def _train_parser(sub) -> None:
@@ -38,7 +41,7 @@ def _train_parser(sub) -> None:
         "train",
         help="Train a Transformer with the paper's recipe.",
         description=(
-            "Train a Transformer with the paper's recipe: shared WordPiece vocabulary, "
+            "Train a Transformer with the paper's recipe: shared SentencePiece vocabulary, "
             "token-budget batches, label smoothing, Adam with warm-up, checkpoint averaging. "
             "Killed at any moment, the same command resumes from the last checkpoint. "
             "The backend is KERAS_BACKEND (tensorflow, jax or torch)."
@@ -54,16 +57,21 @@ def _train_parser(sub) -> None:
     g.add_argument("--holdout", type=int, default=d.holdout,
                    help="Pairs held out for validation and again for test (files / tsv).")
     g.add_argument("--train-size", type=int, default=d.train_size, help="Training pairs of the numbers corpus.")
+    g.add_argument("--tokenizer", choices=["sentencepiece", "wordpiece"], default=d.tokenizer,
+                   help="sentencepiece: translations come back as ordinary text (spacing and punctuation "
+                        "as written). wordpiece: BERT's split, spaces around punctuation in the output.")
     g.add_argument("--vocab-size", type=int, default=d.vocab_size, help="Largest shared vocabulary size.")
     g.add_argument("--min-frequency", type=int, default=d.min_frequency,
-                   help="Fewest occurrences of a pair of pieces to merge it into a vocabulary piece.")
+                   help="WordPiece: fewest occurrences of a pair of pieces to merge it into a vocabulary piece.")
     g.add_argument("--lower-case", action="store_true", help="Lower-case text before tokenizing.")
     g.add_argument("--reverse", action="store_true",
                    help="Translate the other way: the TSV's second column (or --target-file, or German numbers) "
                         "is the source.")
     g.add_argument("--max-length", type=int, default=d.max_length, help="Longest sentence in tokens; longer pairs are dropped.")
     m = p.add_argument_group("model")
-    m.add_argument("--preset", choices=["tiny", "base", "big"], default=d.preset, help="Model sizes (paper Table 3 for base/big).")
+    m.add_argument("--preset", choices=sorted(PRESETS), default=d.preset,
+                   help="Model sizes: base and big are the paper's (Table 3); small (3+3 layers, d_model 256) "
+                        "suits real corpora on a CPU; tiny, the numbers corpus.")
     m.add_argument("--num-layers", type=int, help="Override the preset's N.")
     m.add_argument("--d-model", type=int, help="Override the preset's d_model.")
     m.add_argument("--num-heads", type=int, help="Override the preset's h.")
@@ -79,15 +87,25 @@ def _train_parser(sub) -> None:
                    help="Steps between evaluations, checkpoints and log rows.")
     t.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
                    help="Token budget per batch and side (the paper used about 25000).")
-    t.add_argument("--warmup-steps", type=int, help="Warm-up steps. [default: 4000 (the paper) for base/big, 400 for tiny]")
+    t.add_argument("--warmup-steps", type=int, help="Warm-up steps. [default: 4000 (the paper) for base/big, 1000 for small, 400 for tiny]")
     t.add_argument("--learning-rate-scale", type=float, default=d.learning_rate_scale,
                    help="Factor on the paper's learning-rate formula.")
     t.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help="eps_ls.")
-    t.add_argument("--average-checkpoints", type=int, default=d.average_checkpoints,
-                   help="Average the last k epoch checkpoints into the final model (paper 6.1).")
+    t.add_argument("--average-checkpoints", type=int, default=d.average_checkpoints, metavar="K",
+                   help="Average K epoch checkpoints into the final model (paper 6.1: the last 5).")
+    t.add_argument("--average-from", choices=["last", "best"], default=d.average_from,
+                   help="Which K to average: the last K epochs (the paper) or the K with the best validation BLEU "
+                        "(needs --validate-translations).")
     t.add_argument("--validate-translations", type=int, default=d.validate_translations, metavar="N",
-                   help="Translate the first N validation pairs (greedy) every epoch; log val_bleu, val_chrf and "
-                        "val_exact_match.")
+                   help="Translate the first N validation pairs every epoch; log val_bleu, val_chrf and "
+                        "val_exact_match, and keep the best epoch in OUTPUT_DIR/best/.")
+    t.add_argument("--validation-beam-size", type=int, default=d.validation_beam_size, metavar="K",
+                   help="Beam size of those translations (1: greedy, the fastest).")
+    t.add_argument("--early-stopping", type=int, metavar="N",
+                   help="Stop after N epochs in a row without a better validation BLEU (needs --validate-translations).")
+    t.add_argument("--mixed-precision", choices=["bfloat16", "float16"],
+                   help="Compute in this precision, keep weights in float32 (Keras' mixed policy; float16 "
+                        "scales the loss). Saved with the run: resume, evaluate and export use it.")
     t.add_argument("--stop-at-exact-match", type=float, metavar="SHARE",
                    help="Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. "
                         "Needs --validate-translations.")
@@ -171,7 +189,7 @@ def _run_evaluate(args) -> int:
     out = pathlib.Path(args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
     if out.is_dir():
         raise RunError(f"--hypotheses {out} is a directory; give a file name.")
-    model, tokenizer = evaluation.load_run(args.run_dir)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     if args.source_file:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
         name = "files"
@@ -210,6 +228,10 @@ def _translate_parser(sub) -> None:
     p.add_argument("--input", metavar="FILE", help="Translate the lines of this file (plain or .gz).")
     p.add_argument("--output", metavar="FILE",
                    help="Write the translations to this file (in place once all are done) and show progress.")
+    p.add_argument("--n-best", type=_at_least(1), metavar="K",
+                   help="Print the K best hypotheses of the beam per sentence (K <= --beam-size), as "
+                        "'LINE ||| TRANSLATION ||| SCORE' lines (Moses n-best format; LINE counts from 0, "
+                        "SCORE is log P / length penalty).")
     _run_dir_flag(p)
     _decoding_flags(p)
     p.set_defaults(handler=_run_translate)
@@ -221,6 +243,9 @@ def _run_translate(args) -> int:
 
     if args.input and args.texts:
         raise RunError("give TEXT arguments or --input FILE, not both")
+    if args.n_best and args.n_best > args.beam_size:
+        raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
+                       "search keeps; raise --beam-size or lower --n-best")
     output = pathlib.Path(args.output) if args.output else None
     if output is not None and output.is_dir():
         raise RunError(f"--output {output} is a directory, not a file")
@@ -228,7 +253,7 @@ def _run_translate(args) -> int:
         texts = corpora.read_lines(args.input)
     else:
         texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
-    model, tokenizer = evaluation.load_run(args.run_dir)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
     chunk_size = args.batch_size * (16 if output else 4)
@@ -240,7 +265,11 @@ def _run_translate(args) -> int:
     translations = []
     for start in range(0, len(texts), chunk_size):
         chunk = texts[start : start + chunk_size]
-        lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size)
+        lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
+                                           n_best=args.n_best or 0)
+        if args.n_best:
+            lines = [f"{start + i} ||| {text} ||| {score:.4f}"
+                     for i, hypotheses in enumerate(lines) for text, score in hypotheses]
         if output is None:
             for line in lines:
                 print(line, flush=True)
@@ -250,7 +279,8 @@ def _run_translate(args) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         files.write_text(output, "".join(line + "\n" for line in translations))
-        print(f"{len(translations)} translations in {output}", flush=True)
+        print(f"{len(texts)} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
+              flush=True)
     return 0
 
 
@@ -275,7 +305,7 @@ def _run_export(args) -> int:
 
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
-    model, tokenizer = evaluation.load_run(args.run_dir)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
     print(f"SavedModel written to {args.output}")
     print(serving_instructions(args.output))
@@ -340,8 +370,10 @@ def _run_demo(args) -> int:
     out = pathlib.Path(args.output_dir)
     # Train only as long as the task needs: check 500 validation numbers (greedy) every 50
     # steps, stop at 99% exact match, and keep the model that reached it.
+    # WordPiece: the numbers have no punctuation to lose, and it learned them faster
+    # (99.4% exact after 900 steps; SentencePiece 98.7% after 1,250, TensorFlow, seed 0).
     config = TrainConfig(steps_per_epoch=50, validate_translations=min(500, args.eval_size),
-                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1)
+                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1, tokenizer="wordpiece")
     if args.steps:
         config.steps = args.steps
         config.steps_per_epoch = min(config.steps_per_epoch, args.steps)

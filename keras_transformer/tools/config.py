@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from keras_transformer.defaults import PRESETS
+from keras_transformer.defaults import PRESETS, VALIDATION_BEAM_SIZE
+
+MIXED_PRECISION = ("bfloat16", "float16")
 
 
 class RunError(Exception):
@@ -28,6 +30,7 @@ class TrainConfig:
     num_heads: int | None = None
     d_ff: int | None = None
     dropout: float | None = None
+    tokenizer: str = "sentencepiece"  # or "wordpiece"
     vocab_size: int = 2000
     min_frequency: int = 20  # fewest occurrences of a pair to become a vocabulary piece
     lower_case: bool = False
@@ -37,12 +40,16 @@ class TrainConfig:
     steps: int = 1250  # optimizer updates
     accumulate_steps: int = 1  # batches whose gradients are averaged into one update
     steps_per_epoch: int = 125  # also the checkpoint interval
-    warmup_steps: int | None = None  # None: 4000 (the paper) for base/big, 400 for tiny
+    warmup_steps: int | None = None  # None: 4000 (the paper) for base/big, 1000 for small, 400 for tiny
     learning_rate_scale: float = 1.0
     label_smoothing: float = 0.1
     average_checkpoints: int = 5
+    average_from: str = "last"  # "last" k epochs (the paper) or the "best" k by validation BLEU
     validate_translations: int = 0  # validation pairs translated (greedy) and scored every epoch
+    validation_beam_size: int = VALIDATION_BEAM_SIZE
     stop_at_exact_match: float | None = None  # stop once their exact-match share reaches this
+    early_stopping: int | None = None  # stop after this many epochs without a better validation BLEU
+    mixed_precision: str | None = None  # "bfloat16" or "float16": Keras' mixed dtype policy
     seed: int = 0
 
     def validate(self) -> None:
@@ -64,10 +71,12 @@ class TrainConfig:
             need(bool(self.tsv), "--corpus tsv needs --tsv FILE")
         need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
         positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout", "accumulate_steps",
-                    "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
+                    "validation_beam_size", "early_stopping", "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
         for name in positive:
             value = getattr(self, name)
             need(value is None or value >= 1, f"--{_flag(name)} must be >= 1; got {value}")
+        need(self.tokenizer in ("sentencepiece", "wordpiece"),
+             f"--tokenizer must be sentencepiece or wordpiece; got {self.tokenizer!r}")
         need(self.vocab_size >= 5, f"--vocab-size must be >= 5 (the 4 reserved tokens [PAD] [UNK] [START] [END] "
                                    f"and at least one more); got {self.vocab_size}")
         need(self.min_frequency >= 0, f"--min-frequency must be >= 0; got {self.min_frequency}")
@@ -82,6 +91,14 @@ class TrainConfig:
         need(0 <= self.label_smoothing < 1, f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
         need(self.dropout is None or 0 <= self.dropout < 1, f"--dropout must be in [0, 1); got {self.dropout}")
         need(self.validate_translations >= 0, f"--validate-translations must be >= 0; got {self.validate_translations}")
+        need(self.average_from in ("last", "best"), f"--average-from must be last or best; got {self.average_from!r}")
+        need(self.mixed_precision in (None, *MIXED_PRECISION),
+             f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}; got {self.mixed_precision!r}")
+        for flag, used in (("--early-stopping", self.early_stopping is not None),
+                           ("--average-from best", self.average_from == "best")):
+            if used:
+                need(self.validate_translations > 0, f"{flag} needs --validate-translations N > 0 (it ranks epochs "
+                                                     "by their validation BLEU)")
         if self.stop_at_exact_match is not None:
             need(0 < self.stop_at_exact_match <= 1,
                  f"--stop-at-exact-match must be in (0, 1]; got {self.stop_at_exact_match}")
@@ -105,7 +122,7 @@ class TrainConfig:
     def effective_warmup(self) -> int:
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return 400 if self.preset == "tiny" else 4000
+        return {"tiny": 400, "small": 1000}.get(self.preset, 4000)
 
 
 def _flag(name: str) -> str:

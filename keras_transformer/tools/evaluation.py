@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
+import unicodedata
 
 import keras
 import numpy as np
@@ -16,12 +18,22 @@ class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
 
-def load_run(run_dir):
-    """The model (`model.keras`) and tokenizer of a training run directory."""
+def load_run(run_dir, model: str = "final"):
+    """The model and tokenizer of a training run directory.
+
+    Args:
+        run_dir: A directory written by `train`.
+        model: `"final"` (`model.keras`, the averaged checkpoints) or `"best"`
+            (`best/model.keras`, the epoch with the best validation BLEU).
+    """
     run_dir = pathlib.Path(run_dir)
-    model_file = run_dir / "model.keras"
+    if model not in ("final", "best"):
+        raise ValueError(f"`model` must be 'final' or 'best'. Received: model={model!r}")
+    model_file = run_dir / "model.keras" if model == "final" else run_dir / "best" / "model.keras"
     if not run_dir.is_dir():
         raise RunDirError(f"No run directory at {run_dir}.")
+    if model == "best" and not model_file.is_file():
+        raise RunDirError(f"No best model at {model_file}: only runs trained with --validate-translations keep one.")
     return load_model_file(model_file), _load_tokenizer(run_dir / "tokenizer")
 
 
@@ -62,8 +74,12 @@ def check_special_ids(model, tokenizer) -> None:
 
 
 def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, batch_size=64,
-                    max_extra_length=MAX_EXTRA_LENGTH):
-    """Translate a list of strings, batched by length; returns strings in input order."""
+                    max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0):
+    """Translate a list of strings, batched by length; returns strings in input order.
+
+    With `n_best=n >= 1`, each result is instead the list of the `n` best
+    `(translation, score)` pairs of the beam, best first (`n <= beam_size`).
+    """
     check_special_ids(model, tokenizer)
     texts = list(texts)
     if not texts:
@@ -71,7 +87,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     # One tokenizer call for all texts; each row without its padding.
     ids = [row[row != tokenizer.pad_id] for row in tokenizer.tokenize_dense(texts).numpy()]
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
-    results = [""] * len(texts)
+    results = [[] if n_best else ""] * len(texts)
     for start in range(0, len(order), batch_size):
         chunk = [i for i in order[start : start + batch_size] if len(ids[i])]
         if not chunk:
@@ -81,6 +97,16 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
         source = np.full((len(chunk), width), tokenizer.pad_id, "int32")
         for r, i in enumerate(chunk):
             source[r, : len(ids[i])] = ids[i]
+        if n_best:
+            out, scores = model.translate(source, beam_size, length_penalty, max_extra_length, return_scores=True,
+                                          num_hypotheses=n_best)
+            out, scores = keras.ops.convert_to_numpy(out), keras.ops.convert_to_numpy(scores)
+            if n_best == 1:  # (B, L), (B,) -> one hypothesis per row
+                out, scores = out[:, None], scores[:, None]
+            lines = tokenizer.detokenize_dense(out.reshape(-1, out.shape[-1]))
+            for r, i in enumerate(chunk):
+                results[i] = [(lines[r * n_best + j], float(scores[r, j])) for j in range(n_best)]
+            continue
         out = model.translate(source, beam_size, length_penalty, max_extra_length)
         for i, text in zip(chunk, tokenizer.detokenize_dense(keras.ops.convert_to_numpy(out))):
             results[i] = text
@@ -90,13 +116,17 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
 def score(hypotheses, references, tokenizer=None) -> dict:
     """Corpus BLEU (word and character level) and chrF (sacreBLEU) and exact match.
 
-    References pass through the tokenizer's round trip first (when one is given), so
-    that the detokenizer's spacing (e.g. around punctuation) is not counted as an error.
+    References are NFC-normalised with runs of spaces as one, as a SentencePiece round
+    trip gives them back. With a WordPiece tokenizer they pass through its round trip
+    instead, so that its spacing around punctuation is not counted as an error (and
+    the scores are then not comparable with scores on the raw references).
     """
     import sacrebleu
 
-    if tokenizer is not None:
+    if tokenizer is not None and tokenizer.kind == "wordpiece":
         references = tokenizer.detokenize_dense(tokenizer.tokenize_dense(references).numpy())
+    else:
+        references = [re.sub(" +", " ", unicodedata.normalize("NFC", r)).strip() for r in references]
     bleu = sacrebleu.metrics.BLEU()
     # Word BLEU has no 2- to 4-grams in one-word sentences (German number words are single
     # compounds) and is then 0 whatever the output; character BLEU still measures them.

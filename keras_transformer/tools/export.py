@@ -1,9 +1,9 @@
 """Export a trained Transformer as a TensorFlow SavedModel that translates strings.
 
 The SavedModel's signature `translate` (also `serving_default`) maps a batch of strings
-(`tf.string`, shape `[None]`) to `{"translation": tf.string [None]}`: the WordPiece
-tokenizer, the beam search (with its KV cache) and the detokenizer all run inside the
-graph, so TensorFlow Serving or `tf.saved_model.load` need nothing else (but
+(`tf.string`, shape `[None]`) to `{"translation": tf.string [None]}`: the tokenizer
+(SentencePiece or WordPiece), the beam search (with its KV cache) and the detokenizer
+all run inside the graph, so TensorFlow Serving or `tf.saved_model.load` need nothing else (but
 `import tensorflow_text` to register its ops).
 
 A SavedModel is a TensorFlow artifact. When the running backend is JAX or PyTorch, the

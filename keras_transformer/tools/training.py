@@ -3,11 +3,13 @@
 A run lives in one output directory:
 
     config.json        the run's settings; a different config in the same directory is refused
-    tokenizer/         the shared WordPiece vocabulary (written as one unit)
+    tokenizer/         the shared SentencePiece (or WordPiece) vocabulary (written as one unit)
     data.json          pairs kept and dropped per split and why, the [UNK] rate
     train.lock         held while `train` runs: a second `train` on the directory is refused
     state/state.npz    weights + optimizer state at the last finished epoch (resumption)
     checkpoints/       the last k epoch checkpoints, averaged into the final model
+    best/              with --validate-translations: the best epochs by validation BLEU,
+                       best.json (every epoch's scores) and model.keras (the best epoch)
     model.keras        the final (averaged) model
     log.csv            loss, accuracy, perplexity per epoch (train and validation)
     tensorboard/       TensorBoard logs
@@ -44,9 +46,11 @@ def load_corpus(config: TrainConfig):
         if config.corpus == "numbers":
             corpus = corpora.numbers_corpus(train_size=config.train_size, seed=config.seed)
         elif config.corpus == "tsv":
-            corpus = corpora.corpus_from_files(tsv=config.tsv, holdout=config.holdout)
+            corpus = corpora.corpus_from_files(tsv=config.tsv, holdout=config.holdout, seed=config.seed)
         else:
-            corpus = corpora.corpus_from_files(config.source_file, config.target_file, holdout=config.holdout)
+            corpus = corpora.corpus_from_files(
+                config.source_file, config.target_file, holdout=config.holdout, seed=config.seed
+            )
     except corpora.CorpusError as e:
         raise RunError(str(e)) from None
     return corpus.reversed() if config.reverse else corpus
@@ -55,7 +59,7 @@ def load_corpus(config: TrainConfig):
 # The names `train` writes in its output directory (and their temporary names): it
 # touches nothing else there.
 RUN_FILES = (
-    "config.json", "tokenizer", "data.json", "state", "checkpoints", "model.keras", "log.csv",
+    "config.json", "tokenizer", "data.json", "state", "checkpoints", "best", "model.keras", "log.csv",
     "tensorboard", "curves.png", "metrics.json", "train.lock",
 )
 # Fewest training pairs a run accepts after filtering.
@@ -105,12 +109,38 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     return True
 
 
+def check_mixed_precision(precision: str | None) -> None:
+    """Refuse a mixed precision the running backend cannot compute, naming the reason."""
+    if precision == "float16" and keras.backend.backend() == "jax":
+        import jax
+
+        if jax.default_backend() == "cpu":
+            # XLA's CPU dot_general has no float16 x float16 -> float32 kernel, which Keras'
+            # JAX matmul asks for ("The precision 'F16_F16_F32' is not supported").
+            raise RunError(
+                "--mixed-precision float16 cannot run on JAX on a CPU (XLA has no float16 matrix product "
+                "with float32 accumulation there); use --mixed-precision bfloat16, or a GPU."
+            )
+
+
 def build_model(config: TrainConfig, tokenizer) -> Transformer:
-    """The compiled model of a run, with the tokenizer's vocabulary size and special ids."""
-    model = Transformer(
-        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, start_id=tokenizer.start_id,
-        end_id=tokenizer.end_id, **config.model_config(),
-    )
+    """The compiled model of a run, with the tokenizer's vocabulary size and special ids.
+
+    With `config.mixed_precision`, every layer is built under Keras' `mixed_bfloat16` or
+    `mixed_float16` policy (float32 weights, half-precision compute; the policy is
+    saved in `model.keras`), and `compile` wraps the optimizer in a
+    `LossScaleOptimizer` for float16.
+    """
+    previous = keras.config.dtype_policy()
+    if config.mixed_precision:
+        keras.config.set_dtype_policy(f"mixed_{config.mixed_precision}")
+    try:
+        model = Transformer(
+            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, start_id=tokenizer.start_id,
+            end_id=tokenizer.end_id, **config.model_config(),
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
     model.compile(
         optimizer=transformer_optimizer(
             model.d_model, config.effective_warmup(), config.learning_rate_scale,
@@ -133,6 +163,7 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
 
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
+    check_mixed_precision(config.mixed_precision)
     output_dir = pathlib.Path(output_dir)
     resuming = check_output_dir(output_dir, config)
     if corpus is None:
@@ -144,10 +175,15 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
         tokenizer = Tokenizer.load(tokenizer_dir)
     else:
         texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
-        tokenizer = Tokenizer.build(
-            texts, config.vocab_size, lower_case=config.lower_case, min_frequency=config.min_frequency
-        )
-    print(f"vocabulary: {tokenizer.vocab_size} tokens (asked for at most {config.vocab_size})", flush=True)
+        try:
+            tokenizer = Tokenizer.build(
+                texts, config.vocab_size, kind=config.tokenizer, lower_case=config.lower_case,
+                min_frequency=config.min_frequency,
+            )
+        except ValueError as e:  # e.g. a vocabulary too small for the corpus's characters
+            raise RunError(f"--vocab-size {config.vocab_size}: {e}") from None
+    print(f"vocabulary: {tokenizer.vocab_size} {tokenizer.kind} tokens (asked for at most {config.vocab_size})",
+          flush=True)
     data = data_statistics(corpus, tokenizer, config.max_length)
     print(data["summary"], flush=True)
 
@@ -162,6 +198,19 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
         return _fit(config, output_dir, corpus, tokenizer, verbose)
 
 
+def _stop_reason(config: TrainConfig, output_dir: pathlib.Path) -> str:
+    """Why a run stopped before its last step, from its last logged epoch."""
+    import csv
+
+    with open(output_dir / "log.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    last = rows[-1] if rows else {}
+    target = config.stop_at_exact_match
+    if target is not None and float(last.get("val_exact_match") or 0) >= target:
+        return f"validation exact match reached {target:.0%}"
+    return f"validation BLEU did not improve for {config.early_stopping} epochs"
+
+
 def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     """What the input pipeline will keep and drop, and how much of the text is `[UNK]`.
 
@@ -169,7 +218,8 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     """
     import numpy as np
 
-    counts = {"empty_skipped": corpus.skipped_empty}
+    counts = {"empty_skipped": corpus.skipped_empty, "duplicates_dropped": corpus.duplicates_dropped,
+              "split": corpus.description}
     for split in ("train", "validation", "test"):
         pairs = getattr(corpus, split)
         if not pairs:
@@ -225,17 +275,25 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False
     ) if corpus.validation else None
-    scorer = None
+    callbacks, best = [], None
     if config.validate_translations and corpus.validation:
-        # Before the loggers, which record what it adds to the epoch's logs.
-        scorer = kt_callbacks.TranslationScores(
-            tokenizer, corpus.validation[: config.validate_translations], stop_at_exact_match=config.stop_at_exact_match
+        # Before the loggers, which record what they add to the epoch's logs.
+        callbacks.append(kt_callbacks.TranslationScores(
+            tokenizer, corpus.validation[: config.validate_translations], beam_size=config.validation_beam_size,
+            stop_at_exact_match=config.stop_at_exact_match,
+        ))
+        best = kt_callbacks.BestCheckpoints(
+            output_dir / "best", config.average_checkpoints if config.average_from == "best" else 1,
+            patience=config.early_stopping,
         )
-    callbacks = [scorer] if scorer else []
+        callbacks.append(best)
+    last = kt_callbacks.CheckpointAverager(
+        output_dir / "checkpoints", config.average_checkpoints, average_at_end=config.average_from == "last"
+    )
     callbacks += [
         keras.callbacks.CSVLogger(str(output_dir / "log.csv"), append=True),
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False),
-        kt_callbacks.CheckpointAverager(output_dir / "checkpoints", config.average_checkpoints),
+        last,
         kt_callbacks.TrainingCurves(output_dir / "log.csv", output_dir / "curves.png", config.steps_per_epoch),
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
@@ -253,16 +311,29 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
         shuffle=False,  # the dataset shuffles itself
     )
     train_seconds = time.time() - start
+    if best is not None and best.checkpoints():
+        # best/model.keras: the single epoch with the best validation BLEU.
+        final = kt_callbacks.weights_of(model)
+        kt_callbacks.average_checkpoints(model, best.checkpoints()[:1])
+        with files.atomic_write(output_dir / "best" / "model.keras") as tmp:
+            model.save(tmp)
+        if config.average_from == "best":
+            kt_callbacks.average_checkpoints(model, best.checkpoints())
+        else:
+            kt_callbacks.set_weights(model, final)
     with files.atomic_write(output_dir / "model.keras") as tmp:
         model.save(tmp)
 
     steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     metrics = {"steps": steps, "backend": keras.backend.backend(),
                "train_seconds_this_session": round(train_seconds, 1)}
+    if best is not None and best.scores():
+        best_epoch = best.ranked()[0]
+        metrics.update(best_epoch=best_epoch, best_step=best_epoch * config.steps_per_epoch,
+                       best_val_bleu=best.scores()[best_epoch][0])
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         metrics["stopped_early"] = True
-        print(f"stopped after step {steps} of {config.steps}: validation exact match reached "
-              f"{config.stop_at_exact_match:.0%}", flush=True)
+        print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir)}", flush=True)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         results = model.evaluate(test_data, return_dict=True, verbose=0)

@@ -1,10 +1,15 @@
-"""Text: WordPiece tokenizer, corpora and the tf.data input pipeline.
+"""Text: SentencePiece and WordPiece tokenizers, corpora and the tf.data input pipeline.
 
 This sub-package needs TensorFlow and TensorFlow Text (the `text` extra), whatever
 Keras backend trains the model.
 """
 
 from keras_transformer.tools.text import corpora, datasets
-from keras_transformer.tools.text.tokenizer import RESERVED_TOKENS, Tokenizer
+from keras_transformer.tools.text.tokenizer import (
+    RESERVED_TOKENS,
+    SentencePieceTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+)
 
-__all__ = ["corpora", "datasets", "RESERVED_TOKENS", "Tokenizer"]
+__all__ = ["corpora", "datasets", "RESERVED_TOKENS", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer"]

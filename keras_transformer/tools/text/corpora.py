@@ -9,14 +9,14 @@
   Anki's attribution, are ignored.
 
 Readers raise `CorpusError` with the file and line of any problem. Empty lines are
-skipped and counted.
+skipped and counted; `split_pairs` drops repeated pairs (counted) and keeps every
+translation of a source sentence in one split.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import os
 import pathlib
 import re
@@ -40,6 +40,7 @@ class Corpus:
     validation: list[Pair]
     test: list[Pair]
     skipped_empty: int = 0
+    duplicates_dropped: int = 0
     description: str = ""
 
     def reversed(self) -> "Corpus":
@@ -53,7 +54,8 @@ class Corpus:
     def summary(self) -> str:
         return (
             f"{self.description}: {len(self.train)} train, {len(self.validation)} validation, "
-            f"{len(self.test)} test pairs; {self.skipped_empty} empty lines skipped"
+            f"{len(self.test)} test pairs; {self.skipped_empty} empty lines skipped, "
+            f"{self.duplicates_dropped} repeated pairs dropped"
         )
 
 
@@ -227,32 +229,47 @@ def _drop_empty(pairs) -> tuple[list[Pair], int]:
     return kept, skipped
 
 
-def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_empty: int = 0) -> Corpus:
-    """Split pairs into train / validation / test by a hash of the source sentence.
+def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_empty: int = 0,
+                seed: int = 0) -> Corpus:
+    """Split pairs into train / validation / test, grouped by source sentence.
 
-    Deterministic and independent of line order; equal sources land in the same split.
-    Validation and test each receive about `holdout` pairs.
+    Repeated pairs are dropped (and counted). All translations of one source sentence
+    go to the same split, so no validation or test sentence reaches training through
+    another translation of it. The groups are taken in an order drawn with `seed`
+    (from the sorted sources, so the line order of the file does not matter): test
+    first until it holds at least `holdout` pairs, then validation, the rest train.
+
+    Raises:
+        CorpusError: an empty corpus, or `holdout` above a sixth of the pairs (the two
+            held-out splits together above a third), with both numbers.
     """
     if not pairs:
         raise CorpusError(f"The corpus is empty{': ' + description if description else ''} "
                           f"({skipped_empty} empty lines skipped).")
-    if 2 * holdout > len(pairs) / 3:
+    distinct = list(dict.fromkeys(pairs))
+    duplicates = len(pairs) - len(distinct)
+    if 2 * holdout > len(distinct) / 3:
         raise CorpusError(
             f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
-            f"than a third of the {len(pairs)} pairs read; use at most --holdout {len(pairs) // 6}."
+            f"than a third of the {len(distinct)} distinct pairs read; use at most --holdout {len(distinct) // 6}."
         )
-    fraction = holdout / len(pairs) if holdout > 0 else 0.0
+    groups: dict[str, list[Pair]] = {}
+    for pair in distinct:
+        groups.setdefault(pair[0], []).append(pair)
+    sources = sorted(groups)
+    order = np.random.default_rng(seed).permutation(len(sources))
     splits: dict[str, list[Pair]] = {"train": [], "validation": [], "test": []}
-    for pair in pairs:
-        u = int.from_bytes(hashlib.blake2b(pair[0].encode("utf-8"), digest_size=8).digest(), "big") / 2**64
-        name = "test" if u < fraction else "validation" if u < 2 * fraction else "train"
-        splits[name].append(pair)
+    for index in order:
+        name = "test" if len(splits["test"]) < holdout else "validation" if len(splits["validation"]) < holdout else "train"
+        splits[name].extend(groups[sources[index]])
     if not splits["train"]:
         raise CorpusError(f"No training pairs left after holding out {holdout} for validation and test.")
-    return Corpus(**splits, skipped_empty=skipped_empty, description=description)
+    # Training order: as drawn (the input pipeline shuffles again).
+    return Corpus(**splits, skipped_empty=skipped_empty, duplicates_dropped=duplicates,
+                  description=f"{description} (split seed {seed})" if description else f"split seed {seed}")
 
 
-def corpus_from_files(source_file=None, target_file=None, tsv=None, holdout: int = 500) -> Corpus:
+def corpus_from_files(source_file=None, target_file=None, tsv=None, holdout: int = 500, seed: int = 0) -> Corpus:
     """Read a parallel-file or TSV corpus and split it (see `split_pairs`)."""
     if tsv is not None:
         pairs, skipped = read_tsv(tsv)
@@ -260,4 +277,4 @@ def corpus_from_files(source_file=None, target_file=None, tsv=None, holdout: int
     else:
         pairs, skipped = read_parallel_files(source_file, target_file)
         description = f"{os.fspath(source_file)} / {os.fspath(target_file)}"
-    return split_pairs(pairs, holdout, description, skipped)
+    return split_pairs(pairs, holdout, description, skipped, seed=seed)

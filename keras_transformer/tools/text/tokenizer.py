@@ -1,4 +1,14 @@
-"""WordPiece tokenization with TensorFlow Text: one vocabulary for source and target.
+"""Tokenization with TensorFlow Text: one vocabulary for source and target.
+
+Two kinds share one interface (`Tokenizer`):
+
+* `SentencePieceTokenizer` (the default for new vocabularies): pieces carry the
+  whitespace before them (`▁`), so `detokenize(tokenize(text))` gives `text` back
+  (NFC-normalised, runs of whitespace as one space): punctuation, apostrophes,
+  hyphens and scripts without spaces come back as written.
+* `WordPieceTokenizer`: BERT's split on whitespace and punctuation, then word pieces.
+  Detokenized text has a space around punctuation (`forty - two`). Runs written
+  before SentencePiece became the default use it and keep loading.
 
 Tokenization is TensorFlow ops, so it runs inside `tf.data` (which feeds `model.fit` on
 every Keras backend) and inside an exported SavedModel.
@@ -6,9 +16,13 @@ every Keras backend) and inside an exported SavedModel.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import pathlib
+import tempfile
+import unicodedata
 from typing import Iterable, Sequence
 
 import tensorflow as tf
@@ -19,37 +33,33 @@ from keras_transformer.tools import files
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
+KINDS = ("sentencepiece", "wordpiece")
 
 # Scripts written without spaces between words. BERT's basic tokenizer splits them
-# into one token per character; detokenization joins them back.
+# into one token per character; WordPiece detokenization joins them back.
 _NO_SPACE_SCRIPT = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}]"
+# A SentencePiece vocabulary at least this large spends 256 pieces on UTF-8 bytes, so
+# that characters it never saw are spelled as bytes instead of becoming [UNK].
+BYTE_FALLBACK_MIN_VOCAB = 1024
 
 
 class Tokenizer(tf.Module):
-    """WordPiece tokenizer with the reserved tokens `[PAD] [UNK] [START] [END]`.
+    """A subword tokenizer with the reserved tokens `[PAD] [UNK] [START] [END]`.
 
-    The reserved tokens are at ids 0..3 unless the vocabulary puts them elsewhere
-    (`build(..., pad_id=...)`); their ids are read from the vocabulary (`pad_id`,
-    `unk_id`, `start_id`, `end_id`) and must agree with the model's.
-
-    Text is split on whitespace and punctuation (and per character in CJK scripts) by
-    TensorFlow Text's `BertTokenizer`, then into word pieces from the vocabulary.
-    Unicode is kept as is (NFC-normalised): German umlauts, CJK characters and emoji
-    survive a round trip when the vocabulary contains them; anything else becomes
-    `[UNK]`. Lower-casing is an option, off by default; it keeps accents.
-
-    Args:
-        vocab: The vocabulary, a list of tokens holding each reserved token once.
-            Continuation pieces start with `##`.
-        lower_case: Lower-case text before tokenizing. Defaults to `False`.
+    Build one with `Tokenizer.build(texts, vocab_size)`, read one with
+    `Tokenizer.load(directory)`. The reserved tokens are at ids 0..3 unless the build
+    puts them elsewhere (`pad_id=...`); their ids (`pad_id`, `unk_id`, `start_id`,
+    `end_id`) must agree with the model's.
 
     Example:
 
-    >>> tok = Tokenizer.build(["zwei und vierzig", "forty-two"], vocab_size=60, min_frequency=1)
-    >>> ids = tok.tokenize(["forty-two"])
+    >>> tok = Tokenizer.build(["It's forty-two.", "Es ist zweiundvierzig."] * 10, vocab_size=60)
+    >>> ids = tok.tokenize(["It's forty-two."])
     >>> tok.detokenize(ids).numpy().tolist()
-    [b'forty - two']
+    [b"It's forty-two."]
     """
+
+    kind: str = ""
 
     def __init__(self, vocab: Sequence[str], lower_case: bool = False):
         super().__init__(name="tokenizer")
@@ -64,18 +74,8 @@ class Tokenizer(tf.Module):
         self.lower_case = bool(lower_case)
         self.vocab = tf.Variable(vocab, trainable=False, name="vocab")
         self._vocab_list = vocab
-        table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(
-                tf.constant(vocab), tf.range(len(vocab), dtype=tf.int64)
-            ),
-            default_value=self.unk_id,
-        )
         # Dropped by `detokenize`: True at the reserved ids.
         self._reserved = tf.constant([t in RESERVED_TOKENS for t in vocab])
-        self._tokenizer = tf_text.BertTokenizer(
-            table, token_out_type=tf.int64, unknown_token=UNK, lower_case=False,
-            normalization_form="NFC",
-        )
 
     @property
     def vocab_size(self) -> int:
@@ -90,54 +90,58 @@ class Tokenizer(tf.Module):
         cls,
         texts: Iterable[str],
         vocab_size: int,
+        kind: str = "sentencepiece",
         lower_case: bool = False,
         min_frequency: int = 20,
         learner: str = "tokenizers",
+        byte_fallback: bool | None = None,
         pad_id: int = PAD_ID,
         unk_id: int = UNK_ID,
         start_id: int = START_ID,
         end_id: int = END_ID,
     ) -> "Tokenizer":
-        """Learn a WordPiece vocabulary of at most `vocab_size` tokens from `texts`.
+        """Learn a vocabulary of at most `vocab_size` tokens from `texts`.
 
         Pass the source and target sides together: one shared vocabulary lets the
         source embedding, target embedding and output projection be one matrix.
 
-        Two learners give vocabularies in the same WordPiece format (continuation
-        pieces start with `##`), which the same TensorFlow Text tokenizer then applies:
-
-        * `"tokenizers"` (default): the WordPiece trainer of Hugging Face `tokenizers`,
-          written in Rust. A piece is only created from a pair seen at least
-          `min_frequency` times, so rare words are not memorised whole.
-        * `"tensorflow-text"`: `bert_vocab_from_dataset`. Its Python learner enumerates
-          every substring (up to 50 characters) of every distinct word for each step of
-          a binary search over count thresholds; on the numbers corpus, whose German
-          side is long compounds, it took 82 s for 3,000 sentences (yielding 136
-          tokens) and did not finish 100,000 in 12 minutes. Fine for short-word text.
-
         Args:
             texts: Training sentences, both languages.
-            vocab_size: Largest vocabulary size, reserved tokens included.
+            vocab_size: Largest vocabulary size, reserved tokens included. A corpus
+                with fewer distinct pieces gives a smaller vocabulary.
+            kind: `"sentencepiece"` (default; lossless text round trip, see
+                `SentencePieceTokenizer`) or `"wordpiece"` (`WordPieceTokenizer`).
             lower_case: Lower-case text first. Defaults to `False`.
-            min_frequency: Fewest occurrences of a pair to merge it (`"tokenizers"`
-                only). Defaults to `20`.
-            learner: `"tokenizers"` or `"tensorflow-text"`. Defaults to `"tokenizers"`.
+            min_frequency: Fewest occurrences of a pair to merge it (WordPiece with the
+                `"tokenizers"` learner only). Defaults to `20`.
+            learner: WordPiece only: `"tokenizers"` or `"tensorflow-text"`.
+            byte_fallback: SentencePiece only: spell characters outside the vocabulary
+                as UTF-8 bytes instead of `[UNK]`. Defaults to `None`: on when
+                `vocab_size >= 1024`.
             pad_id: Id of `[PAD]`. Defaults to `0`. Give the model the same ids.
             unk_id: Id of `[UNK]`. Defaults to `1`.
             start_id: Id of `[START]`. Defaults to `2`.
             end_id: Id of `[END]`. Defaults to `3`.
         """
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
         minimum = len(RESERVED_TOKENS) + 1
         if vocab_size < minimum:
             raise ValueError(
                 f"`vocab_size` must be at least {minimum} (the reserved tokens "
                 f"{list(RESERVED_TOKENS)} and one more). Received: vocab_size={vocab_size}"
             )
+        ids = _check_reserved_ids((pad_id, unk_id, start_id, end_id))
         texts = list(texts)
         if not texts:
             raise ValueError("Cannot build a vocabulary from an empty corpus. Received: 0 texts")
         if lower_case:
             texts = [t.lower() for t in texts]
+        if kind == "sentencepiece":
+            if byte_fallback is None:
+                byte_fallback = vocab_size >= BYTE_FALLBACK_MIN_VOCAB
+            model = _learn_sentencepiece(texts, vocab_size, ids, byte_fallback)
+            return SentencePieceTokenizer(model, lower_case=lower_case)
         if learner == "tokenizers":
             vocab = _learn_with_tokenizers(texts, vocab_size, min_frequency)
         elif learner == "tensorflow-text":
@@ -146,7 +150,7 @@ class Tokenizer(tf.Module):
             raise ValueError(
                 f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}"
             )
-        return cls(_place_reserved(vocab, vocab_size, (pad_id, unk_id, start_id, end_id)), lower_case=lower_case)
+        return WordPieceTokenizer(_place_reserved(vocab, vocab_size, ids), lower_case=lower_case)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def tokenize(self, texts):
@@ -155,25 +159,21 @@ class Tokenizer(tf.Module):
         No `[START]`/`[END]` are added; the input pipeline and the exporter add them.
         """
         if self.lower_case:
-            texts = _lower(texts)
-        ids = self._tokenizer.tokenize(texts)  # (B, words, pieces)
-        return ids.merge_dims(-2, -1)
+            # utf-8 lower-casing handles non-ASCII letters (Ä -> ä) and keeps accents.
+            texts = tf.strings.lower(texts, encoding="utf-8")
+        return self._tokenize(texts)
 
     @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)])
     def detokenize(self, ids):
-        """Token ids `(B, None)` -> strings `(B,)`. Reserved tokens are dropped, word
-        pieces are joined, words are separated by one space (none between CJK
-        characters)."""
+        """Token ids `(B, None)` -> strings `(B,)`. Reserved tokens are dropped."""
         ids = tf.ragged.boolean_mask(ids, tf.logical_not(tf.gather(self._reserved, ids)))
-        pieces = tf.gather(self.vocab, ids)
-        text = tf.strings.reduce_join(pieces, separator=" ", axis=-1)
-        text = tf.strings.regex_replace(text, " ##", "")
-        # Two passes: each joins every other pair of neighbouring characters.
-        for _ in range(2):
-            text = tf.strings.regex_replace(
-                text, f"({_NO_SPACE_SCRIPT}) ({_NO_SPACE_SCRIPT})", r"\1\2"
-            )
-        return text
+        return self._detokenize(ids)
+
+    def _tokenize(self, texts):
+        raise NotImplementedError
+
+    def _detokenize(self, ids):
+        raise NotImplementedError
 
     def tokenize_dense(self, texts) -> tf.Tensor:
         """Convenience: tokenize and pad with `[PAD]` to a dense int32 `(B, T)`."""
@@ -186,39 +186,148 @@ class Tokenizer(tf.Module):
         return [s.decode("utf-8") for s in self.detokenize(tf.cast(ids, tf.int64)).numpy()]
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write `vocab.txt` (one token per line) and `tokenizer.json` to `directory`."""
+        """Write `tokenizer.json`, `vocab.txt` (one token per line) and, for
+        SentencePiece, `sentencepiece.model` to `directory`, as one unit."""
         directory = pathlib.Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        # Both files or neither: the directory is written beside and renamed into place.
+        # All files or none: the directory is written beside and renamed into place.
         with files.atomic_write(directory) as tmp:
             tmp.mkdir()
             (tmp / "vocab.txt").write_text("\n".join(self._vocab_list) + "\n", encoding="utf-8")
-            config = {"lower_case": self.lower_case, "vocab_size": self.vocab_size}
+            self._save_model(tmp)
+            config = {"kind": self.kind, "lower_case": self.lower_case, "vocab_size": self.vocab_size}
             (tmp / "tokenizer.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+    def _save_model(self, directory: pathlib.Path) -> None:
+        pass
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
-        """Read a tokenizer written by `save`."""
+        """Read a tokenizer written by `save` (of either kind)."""
         directory = pathlib.Path(directory)
-        vocab_file, config_file = directory / "vocab.txt", directory / "tokenizer.json"
-        for f in (vocab_file, config_file):
-            if not f.is_file():
-                raise FileNotFoundError(f"No tokenizer in {directory}: missing {f.name}")
+        config_file = directory / "tokenizer.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"No tokenizer in {directory}: missing {config_file.name}")
         config = json.loads(config_file.read_text(encoding="utf-8"))
-        vocab = vocab_file.read_text(encoding="utf-8").split("\n")[:-1]
-        if len(vocab) != config["vocab_size"]:
+        # Vocabularies written before SentencePiece existed here hold no kind.
+        kind = config.get("kind", "wordpiece")
+        if kind == "sentencepiece":
+            model_file = directory / SentencePieceTokenizer.MODEL_FILE
+            if not model_file.is_file():
+                raise FileNotFoundError(f"No tokenizer in {directory}: missing {model_file.name}")
+            tokenizer = SentencePieceTokenizer(model_file.read_bytes(), lower_case=config["lower_case"])
+        elif kind == "wordpiece":
+            vocab_file = directory / "vocab.txt"
+            if not vocab_file.is_file():
+                raise FileNotFoundError(f"No tokenizer in {directory}: missing {vocab_file.name}")
+            vocab = vocab_file.read_text(encoding="utf-8").split("\n")[:-1]
+            tokenizer = WordPieceTokenizer(vocab, lower_case=config["lower_case"])
+        else:
+            raise ValueError(f"{config_file} names an unknown tokenizer kind {kind!r}; known: {list(KINDS)}")
+        if tokenizer.vocab_size != config["vocab_size"]:
             raise ValueError(
-                f"{vocab_file} holds {len(vocab)} tokens but {config_file.name} says "
-                f"{config['vocab_size']}."
+                f"The tokenizer in {directory} holds {tokenizer.vocab_size} tokens but "
+                f"{config_file.name} says {config['vocab_size']}."
             )
-        return cls(vocab, lower_case=config["lower_case"])
+        return tokenizer
+
+
+class WordPieceTokenizer(Tokenizer):
+    """WordPiece: text is split on whitespace and punctuation (and per character in CJK
+    scripts) by TensorFlow Text's `BertTokenizer`, then into word pieces.
+
+    Unicode is kept as is (NFC-normalised): German umlauts, CJK characters and emoji
+    survive when the vocabulary contains them; anything else becomes `[UNK]`.
+    Detokenization joins word pieces and separates words (and punctuation) by one space.
+
+    Args:
+        vocab: The vocabulary, a list of tokens holding each reserved token once.
+            Continuation pieces start with `##`.
+        lower_case: Lower-case text before tokenizing. Defaults to `False`.
+    """
+
+    kind = "wordpiece"
+
+    def __init__(self, vocab: Sequence[str], lower_case: bool = False):
+        super().__init__(vocab, lower_case)
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(self._vocab_list), tf.range(self.vocab_size, dtype=tf.int64)
+            ),
+            default_value=self.unk_id,
+        )
+        self._tokenizer = tf_text.BertTokenizer(
+            table, token_out_type=tf.int64, unknown_token=UNK, lower_case=False,
+            normalization_form="NFC",
+        )
+
+    def _tokenize(self, texts):
+        return self._tokenizer.tokenize(texts).merge_dims(-2, -1)  # (B, words, pieces) -> (B, pieces)
+
+    def _detokenize(self, ids):
+        pieces = tf.gather(self.vocab, ids)
+        text = tf.strings.reduce_join(pieces, separator=" ", axis=-1)
+        text = tf.strings.regex_replace(text, " ##", "")
+        # Two passes: each joins every other pair of neighbouring characters.
+        for _ in range(2):
+            text = tf.strings.regex_replace(
+                text, f"({_NO_SPACE_SCRIPT}) ({_NO_SPACE_SCRIPT})", r"\1\2"
+            )
+        return text
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece (unigram language model): lossless detokenization.
+
+    Text is NFC-normalised and runs of whitespace become one space inside the
+    SentencePiece model; a piece that starts a word carries `▁` for the space before
+    it, so detokenization restores spacing exactly: no space appears before `.`,
+    inside `it's` or `t-shirt`, or between CJK characters unless the text had one.
+    With byte fallback, characters outside the vocabulary are spelled as UTF-8 bytes
+    and survive too; without it they become `[UNK]`, which detokenization drops.
+
+    Args:
+        model: A serialized SentencePiece model (`ModelProto` bytes) whose control
+            symbols are `[PAD] [UNK] [START] [END]`, as `Tokenizer.build` makes.
+        lower_case: Lower-case text before tokenizing. Defaults to `False`.
+    """
+
+    kind = "sentencepiece"
+    MODEL_FILE = "sentencepiece.model"
+
+    def __init__(self, model: bytes, lower_case: bool = False):
+        self._model = bytes(model)
+        sp = tf_text.SentencepieceTokenizer(model=self._model, out_type=tf.int32)
+        vocab = [t.decode("utf-8") for t in sp.id_to_string(tf.range(sp.vocab_size())).numpy()]
+        super().__init__(vocab, lower_case)
+
+    def _sentencepiece(self):
+        # Made inside each traced function, not kept: the SentencePiece op's model is
+        # owned by its kernel, and TensorFlow drops eager kernels whenever a global seed
+        # is set (`keras.utils.set_random_seed`), after which a tokenizer made earlier
+        # failed with "Resource ... does not exist". A function's kernels are rebuilt
+        # with it. (tensorflow_text's own TODO b/318839908 in sentencepiece_tokenizer.py.)
+        return tf_text.SentencepieceTokenizer(model=self._model, out_type=tf.int32)
+
+    def _tokenize(self, texts):
+        return tf.cast(self._sentencepiece().tokenize(texts), tf.int64)
+
+    def _detokenize(self, ids):
+        return self._sentencepiece().detokenize(tf.cast(ids, tf.int32))
+
+    def _save_model(self, directory: pathlib.Path) -> None:
+        (directory / self.MODEL_FILE).write_bytes(self._model)
+
+
+def _check_reserved_ids(ids) -> list[int]:
+    ids = [int(i) for i in ids]
+    if len(set(ids)) != len(ids) or min(ids) < 0:
+        raise ValueError(f"The reserved ids must be distinct and non-negative. Received: {ids}")
+    return ids
 
 
 def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
     """The learned `vocab` cut to `vocab_size`, with the reserved tokens at `ids`."""
-    ids = [int(i) for i in ids]
-    if len(set(ids)) != len(ids) or min(ids) < 0:
-        raise ValueError(f"The reserved ids must be distinct and non-negative. Received: {ids}")
     pieces = [t for t in vocab if t not in RESERVED_TOKENS][: vocab_size - len(RESERVED_TOKENS)]
     size = len(pieces) + len(RESERVED_TOKENS)
     if max(ids) >= size:
@@ -228,6 +337,58 @@ def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
     for token_id, token in sorted(zip(ids, RESERVED_TOKENS)):
         pieces.insert(token_id, token)
     return pieces
+
+
+@functools.lru_cache(maxsize=1)
+def _nfc_rules() -> str:
+    """A SentencePiece normalization rule file that composes to NFC (and changes
+    nothing else): one line `decomposed code points<TAB>composed code point` per
+    character whose NFD differs from it."""
+    lines = []
+    for code in range(0x110000):
+        char = chr(code)
+        decomposed = unicodedata.normalize("NFD", char)
+        if decomposed != char and unicodedata.normalize("NFC", decomposed) == char:
+            lines.append(" ".join(f"{ord(c):04X}" for c in decomposed) + f"\t{code:04X}")
+    handle, path = tempfile.mkstemp(prefix="keras_transformer_nfc_", suffix=".tsv")
+    with os.fdopen(handle, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def _learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
+    import sentencepiece as spm
+
+    pad_id, unk_id, start_id, end_id = ids
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            model_type="unigram",
+            vocab_size=vocab_size,
+            # A smaller corpus gives a smaller vocabulary instead of an error.
+            hard_vocab_limit=False,
+            # Every character of the training text gets a piece (the default drops the
+            # rarest 0.05%, which then come back as [UNK] or bytes).
+            character_coverage=1.0,
+            byte_fallback=byte_fallback,
+            # NFC only: SentencePiece's default NFKC would rewrite full-width CJK
+            # punctuation, ligatures and fractions, which a round trip must keep.
+            normalization_rule_tsv=_nfc_rules(),
+            pad_id=pad_id, unk_id=unk_id, bos_id=start_id, eos_id=end_id,
+            pad_piece=PAD, unk_piece=UNK, bos_piece=START, eos_piece=END,
+            input_sentence_size=2_000_000,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise ValueError(
+            f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: {e}. "
+            "A vocabulary must hold every character of the text; raise the vocabulary size."
+        ) from None
+    return model.getvalue()
 
 
 def _learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int) -> list[str]:
@@ -260,9 +421,3 @@ def _learn_with_tensorflow_text(texts: list[str], vocab_size: int) -> list[str]:
         bert_tokenizer_params=dict(lower_case=False, normalization_form="NFC"),
         learn_params={},
     )
-
-
-def _lower(texts):
-    # tf.strings.lower with utf-8 lower-cases non-ASCII letters (Ä -> ä) and keeps accents.
-    return tf.strings.lower(texts, encoding="utf-8")
-

@@ -1,0 +1,171 @@
+"""Translation quality on real text: train with a fixed split and seed, then score.
+
+Trains one run with `keras-transformer train`'s code on a real parallel corpus (a
+Tatoeba/Anki TSV, or two aligned files), then translates its test split greedily and
+with beam 4 and scores both with sacreBLEU (BLEU and chrF, signatures included). Writes
+`real_text.json` and `real_text.md` beside the run: the split (sizes, seed, dropped
+pairs), the whole wall time (vocabulary, compilation and evaluation included), the
+training time, steps, tokens per second, the validation-BLEU curve, the scores, and
+how many test translations have a space before `.`, `,`, `!` or `?`.
+
+    KERAS_BACKEND=jax python benchmarks/real_text.py \\
+        --tsv ../shared/data/tatoeba-deu-eng/pairs.tsv.gz --reverse --steps 1000 \\
+        --output-dir runs/tatoeba-de-en
+
+The Tatoeba copy is `English<TAB>German`: `--reverse` translates German to English.
+Its data is CC-BY 2.0 (France), "www.manythings.org/anki and tatoeba.org".
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import re
+import time
+
+# What the benchmark changes from `train`'s defaults, for real text on a CPU.
+RECIPE = dict(
+    preset="small", vocab_size=8000, max_length=64, batch_tokens=4096, warmup_steps=1000,
+    learning_rate_scale=1.0, steps_per_epoch=100, validate_translations=500, average_checkpoints=3,
+    average_from="last",
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tsv", help="Tab-separated pairs, source first (plain or .gz).")
+    p.add_argument("--source-file")
+    p.add_argument("--target-file")
+    p.add_argument("--reverse", action="store_true", help="Translate the second column into the first.")
+    p.add_argument("--holdout", type=int, default=2000, help="Pairs in each of validation and test.")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--output-dir", default="runs/real-text")
+    for key, value in RECIPE.items():
+        p.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    args = p.parse_args(argv)
+    if not args.tsv and not (args.source_file and args.target_file):
+        p.error("give --tsv FILE, or --source-file and --target-file")
+    return args
+
+
+def space_before_punctuation(lines) -> int:
+    return sum(bool(re.search(r" [.,!?]", line)) for line in lines)
+
+
+def tokens_per_step(corpus, tokenizer, config, batches: int = 50) -> float:
+    """Mean non-padding tokens (source + target) in the training batches."""
+    import numpy as np
+
+    from keras_transformer.tools.text.datasets import make_dataset
+
+    data = make_dataset(corpus.train, tokenizer, config.batch_tokens, config.max_length, shuffle=True,
+                        repeat=True, drop_remainder=True, seed=config.seed)
+    counts = []
+    for inputs, labels in data.take(batches):
+        counts.append(int(np.sum(inputs["source_ids"].numpy() != tokenizer.pad_id))
+                      + int(np.sum(labels.numpy() != tokenizer.pad_id)))
+    return float(np.mean(counts)) * config.accumulate_steps
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    start = time.time()
+    from keras_transformer.tools.cli import quiet_backend_start
+
+    with quiet_backend_start():  # no TensorFlow start-up lines
+        import keras
+
+    from keras_transformer.tools import evaluation
+    from keras_transformer.tools.config import TrainConfig
+    from keras_transformer.tools.training import load_corpus, train
+
+    config = TrainConfig(
+        corpus="tsv" if args.tsv else "files", tsv=args.tsv, source_file=args.source_file,
+        target_file=args.target_file, reverse=args.reverse, holdout=args.holdout, steps=args.steps,
+        seed=args.seed, **{key: getattr(args, key) for key in RECIPE},
+    )
+    out = pathlib.Path(args.output_dir)
+    corpus = load_corpus(config)
+    metrics = train(config, out, verbose=2, corpus=corpus)
+    train_done = time.time()
+
+    model, tokenizer = evaluation.load_run(out)
+    sources, references = [s for s, _ in corpus.test], [t for _, t in corpus.test]
+    results = {}
+    for name, beam_size in (("greedy", 1), ("beam4", 4)):
+        t = time.time()
+        hypotheses = evaluation.translate_texts(model, tokenizer, sources, beam_size=beam_size,
+                                                batch_size=args.eval_batch_size)
+        scores = evaluation.score(hypotheses, references, tokenizer)
+        scores["seconds"] = round(time.time() - t, 1)
+        scores["space_before_punctuation"] = space_before_punctuation(hypotheses)
+        evaluation.write_lines(out / f"hypotheses.test.{name}.txt", hypotheses)
+        results[name] = scores
+        print(f"{name}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} ({scores['seconds']} s)", flush=True)
+    with open(out / "log.csv", newline="") as f:
+        curve = [{"step": (int(r["epoch"]) + 1) * config.steps_per_epoch, "val_bleu": float(r["val_bleu"]),
+                  "val_chrf": float(r["val_chrf"])} for r in csv.DictReader(f) if r.get("val_bleu")]
+    data = json.loads((out / "data.json").read_text(encoding="utf-8"))
+    per_step = tokens_per_step(corpus, tokenizer, config)
+    train_seconds = metrics.get("train_seconds_this_session", 0.0)
+    report = {
+        "backend": keras.backend.backend(),
+        "corpus": corpus.description,
+        "direction": "reversed (second column -> first)" if args.reverse else "first column -> second",
+        "split": {"train": len(corpus.train), "validation": len(corpus.validation), "test": len(corpus.test),
+                  "seed": args.seed, "duplicates_dropped": corpus.duplicates_dropped,
+                  "empty_skipped": corpus.skipped_empty, "train_too_long": data["train_too_long"]},
+        "config": {k: getattr(config, k) for k in ("preset", "vocab_size", "batch_tokens", "warmup_steps",
+                                                   "learning_rate_scale", "steps", "average_checkpoints",
+                                                   "average_from", "max_length")},
+        "vocabulary": tokenizer.vocab_size,
+        "steps": metrics["steps"],
+        "train_seconds": train_seconds,
+        "tokens_per_step": round(per_step, 1),
+        "tokens_per_second": round(per_step * metrics["steps"] / train_seconds, 1) if train_seconds else None,
+        "wall_seconds": round(time.time() - start, 1),
+        "train_wall_seconds": round(train_done - start, 1),
+        "validation_curve": curve,
+        "best_epoch_val_bleu": metrics.get("best_val_bleu"),
+        "last_epoch_val_bleu": curve[-1]["val_bleu"] if curve else None,
+        "test": results,
+        "cpu_count": os.cpu_count(),
+    }
+    (out / "real_text.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "real_text.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report), flush=True)
+    return report
+
+
+def markdown(r: dict) -> str:
+    split = r["split"]
+    lines = [
+        f"**{r['corpus']}**, {r['direction']}; backend {r['backend']}, {r['cpu_count']} CPU cores.",
+        "",
+        f"Split (seed {split['seed']}, grouped by source sentence): {split['train']:,} train / "
+        f"{split['validation']:,} validation / {split['test']:,} test pairs; {split['duplicates_dropped']} "
+        f"repeated and {split['empty_skipped']} empty pairs dropped, {split['train_too_long']} too long.",
+        f"Model `{r['config']['preset']}`, {r['vocabulary']:,} SentencePiece pieces, {r['steps']:,} steps of "
+        f"~{r['tokens_per_step']:,.0f} tokens ({r['tokens_per_second']:,.0f} tokens/s): training "
+        f"{r['train_seconds'] / 60:.1f} min, whole run {r['wall_seconds'] / 60:.1f} min.",
+        "",
+        "| decoding | BLEU | chrF | space before . , ! ? | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in r["test"].items():
+        lines.append(f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['space_before_punctuation']} "
+                     f"of {s['sentences']} | {s['seconds']} |")
+    signature = next(iter(r["test"].values()))
+    lines += ["", f"sacreBLEU `{signature['bleu_signature']}`, `{signature['chrf_signature']}`", "",
+              "Validation BLEU (greedy, 500 sentences) by step: "
+              + ", ".join(f"{c['step']}: {c['val_bleu']:.1f}" for c in r["validation_curve"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""`train --mixed-precision`: Keras' mixed dtype policies, saved with the run."""
+
+import csv
+import json
+import math
+
+import keras
+import pytest
+
+from keras_transformer.tools import cli, evaluation
+
+from .test_cli_train import SMALL
+
+
+def _train(out, policy):
+    args = ["train", "--output-dir", str(out), *SMALL, "--steps", "24", "--steps-per-epoch", "8",
+            "--average-checkpoints", "1", "--mixed-precision", policy]
+    assert cli.main(args) == 0
+    return args
+
+
+def _jax_on_cpu():
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+@pytest.mark.parametrize("policy", [
+    "bfloat16",
+    pytest.param("float16", marks=pytest.mark.skipif(
+        _jax_on_cpu(), reason="XLA on CPU has no float16 matrix product with float32 accumulation; "
+                              "test_float16_on_jax_cpu_is_refused checks the message")),
+])
+def test_a_mixed_precision_run_trains_resumes_and_translates(policy, tmp_path):
+    out = tmp_path / "run"
+    args = _train(out, policy)
+    with open(out / "log.csv") as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.5, losses
+    assert json.loads((out / "config.json").read_text())["mixed_precision"] == policy
+    model, tokenizer = evaluation.load_run(out)
+    assert model.dtype_policy.name == f"mixed_{policy}"
+    assert model.encoder.blocks[0].feed_forward.inner_dense.compute_dtype == policy
+    assert model.weights[0].dtype == "float32"
+    if policy == "float16":
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    # The saved policy is the run's: the same command resumes without a config clash.
+    assert cli.main(args) == 0
+    translations = evaluation.translate_texts(model, tokenizer, ["forty-two", "seven"], beam_size=2)
+    assert len(translations) == 2 and all(isinstance(t, str) for t in translations)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="export always runs on TensorFlow (a child process under JAX and PyTorch, the same "
+                           "code this TensorFlow test runs in-process); one backend keeps CI short")
+def test_a_mixed_precision_model_exports(tmp_path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 - registers the tokenizer's ops
+
+    import keras_transformer as kt
+
+    _train(tmp_path / "run", "bfloat16")
+    model, tokenizer = evaluation.load_run(tmp_path / "run")
+    kt.export.export_translator(model, tokenizer, tmp_path / "saved", beam_size=2)
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    texts = ["forty-two", "nine hundred"]
+    out = [t.decode() for t in served.signatures["translate"](tf.constant(texts))["translation"].numpy()]
+    assert out == evaluation.translate_texts(model, tokenizer, texts, beam_size=2)
+
+
+@pytest.mark.skipif(not _jax_on_cpu(), reason="only JAX on a CPU lacks float16 matrix products")
+def test_float16_on_jax_cpu_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), *SMALL, "--mixed-precision", "float16"]) == 2
+    assert "--mixed-precision float16 cannot run on JAX on a CPU" in capsys.readouterr().err
+    assert not out.exists()
