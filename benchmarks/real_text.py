@@ -8,7 +8,7 @@ pairs), the whole wall time (vocabulary, compilation and evaluation included), t
 training time, steps, tokens per second, the validation-BLEU curve, the scores, and
 how many test translations have a space before `.`, `,`, `!` or `?`.
 
-    KERAS_BACKEND=jax python benchmarks/real_text.py \\
+    KERAS_BACKEND=tensorflow python benchmarks/real_text.py \\
         --tsv ../shared/data/tatoeba-deu-eng/pairs.tsv.gz --reverse --steps 1500 \\
         --output-dir runs/tatoeba-de-en
 
@@ -43,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reverse", action="store_true", help="Translate the second column into the first.")
     p.add_argument("--holdout", type=int, default=2000, help="Pairs in each of validation and test.")
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--minutes", type=float,
+                   help="Stop training (at the end of the step running then) once the whole run has taken this "
+                        "long, leaving the evaluation to run: for runs of a fixed wall time on each backend.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--output-dir", default="runs/real-text")
@@ -52,6 +55,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.tsv and not (args.source_file and args.target_file):
         p.error("give --tsv FILE, or --source-file and --target-file")
     return args
+
+
+def time_limit(deadline: float):
+    """A Keras callback that stops training once `time.time()` passes `deadline`."""
+    import keras
+
+    class TimeLimit(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if time.time() >= deadline:
+                self.model.stop_training = True
+
+    return TimeLimit()
 
 
 def space_before_punctuation(lines) -> int:
@@ -76,10 +91,7 @@ def tokens_per_step(corpus, tokenizer, config, batches: int = 50) -> float:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     start = time.time()
-    from keras_transformer.tools.cli import quiet_backend_start
-
-    with quiet_backend_start():  # no TensorFlow start-up lines
-        import keras
+    import keras
 
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.config import TrainConfig
@@ -92,7 +104,8 @@ def main(argv=None) -> dict:
     )
     out = pathlib.Path(args.output_dir)
     corpus = load_corpus(config)
-    metrics = train(config, out, verbose=2, corpus=corpus)
+    extra = [time_limit(start + args.minutes * 60)] if args.minutes else []
+    metrics = train(config, out, verbose=2, corpus=corpus, callbacks=extra)
     train_done = time.time()
 
     model, tokenizer = evaluation.load_run(out)
@@ -117,13 +130,14 @@ def main(argv=None) -> dict:
     report = {
         "backend": keras.backend.backend(),
         "corpus": corpus.description,
-        "direction": "reversed (second column -> first)" if args.reverse else "first column -> second",
+        "direction": "second column -> first" if args.reverse else "first column -> second",
         "split": {"train": len(corpus.train), "validation": len(corpus.validation), "test": len(corpus.test),
                   "seed": args.seed, "duplicates_dropped": corpus.duplicates_dropped,
                   "empty_skipped": corpus.skipped_empty, "train_too_long": data["train_too_long"]},
         "config": {k: getattr(config, k) for k in ("preset", "vocab_size", "batch_tokens", "warmup_steps",
                                                    "learning_rate_scale", "steps", "average_checkpoints",
                                                    "average_from", "max_length")},
+        "minutes_limit": args.minutes,
         "vocabulary": tokenizer.vocab_size,
         "steps": metrics["steps"],
         "train_seconds": train_seconds,

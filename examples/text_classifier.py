@@ -2,7 +2,7 @@
 
 The built-in numbers corpus gives English number words ("four hundred and twelve");
 the label is the parity of the number. The encoder output is mean-pooled over the real
-tokens (padding masked out) and classified. Tokenization is TensorFlow Text's WordPiece
+tokens (padding masked out) and classified. Tokenization is SentencePiece run by TensorFlow Text
 (`kt.text.Tokenizer`), whatever the Keras backend:
 
     KERAS_BACKEND=torch python examples/text_classifier.py [--train-size 6000]

@@ -3,7 +3,7 @@
 Give one sentence per line in two aligned files (`--source-file`, `--target-file`).
 Without them, the script writes English and Spanish number words from the built-in
 numbers corpus to two files first, so it runs anywhere. The recipe is the paper's
-(shared WordPiece vocabulary, token-budget batches, label smoothing, warm-up, checkpoint
+(shared SentencePiece vocabulary, token-budget batches, label smoothing, warm-up, checkpoint
 averaging) through `kt.training.train`, the library's `keras-transformer train`; the
 run directory can be resumed, evaluated and exported with the same CLI:
 

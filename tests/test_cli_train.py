@@ -320,3 +320,19 @@ def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path
     (tmp_path / "model.keras").write_text("")
     assert cli.main(["translate", "--run-dir", str(tmp_path), "--model", "best", "x"]) == 2
     assert "only runs trained with --validate-translations keep one" in capsys.readouterr().err
+
+
+def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, capsys):
+    from keras_transformer.tools.config import TrainConfig
+    from keras_transformer.tools.training import train
+
+    class StopAtStep6(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= 6:
+                self.model.stop_training = True
+
+    config = TrainConfig(train_size=1500, vocab_size=300, batch_tokens=1024, max_length=32, num_layers=1,
+                         steps=40, steps_per_epoch=4)
+    metrics = train(config, tmp_path, verbose=0, callbacks=[StopAtStep6()])
+    assert metrics["steps"] == 6 and metrics["stopped_early"] is True
+    assert "stopped after step 6 of 40: a callback asked to stop" in capsys.readouterr().out

@@ -117,7 +117,8 @@ def test_the_command_line_is_quiet_and_reads_any_line_ending(demo):
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.decode().splitlines()) == 3  # \r\n, \r and \n all end a line
     # No TensorFlow / XLA start-up lines (CUDA probing on a CPU-only machine) unless asked for.
-    noise = [line for line in result.stderr.decode().splitlines() if re.match(r"^([IWE]0000|WARNING: All log)", line)]
+    noise = [line for line in result.stderr.decode().splitlines()
+             if re.match(r"^([IWE]0000|WARNING: All log|To enable the following instructions)", line)]
     assert noise == [], noise
 
 

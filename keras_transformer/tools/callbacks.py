@@ -100,7 +100,25 @@ class TrainingState(keras.callbacks.Callback):
         return epochs_done
 
 
-class CheckpointAverager(keras.callbacks.Callback):
+class _CheckpointKeeper(keras.callbacks.Callback):
+    """Writes epoch checkpoints `checkpoint_{epoch:06d}.npz` into a directory and keeps `num_checkpoints`."""
+
+    def __init__(self, directory, num_checkpoints: int):
+        super().__init__()
+        if num_checkpoints < 1:
+            raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
+        self.directory = pathlib.Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.num_checkpoints = num_checkpoints
+
+    def _path(self, epoch_number: int) -> pathlib.Path:
+        return self.directory / f"checkpoint_{epoch_number:06d}.npz"
+
+    def _save(self, epoch_number: int) -> None:
+        _save_npz(self._path(epoch_number), **_weights_dict(self.model.weights))
+
+
+class CheckpointAverager(_CheckpointKeeper):
     """Keeps the weights of the last `num_checkpoints` epochs and averages them at the end.
 
     Paper, section 6.1: "For the base models, we used a single model obtained by
@@ -116,19 +134,14 @@ class CheckpointAverager(keras.callbacks.Callback):
     """
 
     def __init__(self, directory, num_checkpoints: int = 5, average_at_end: bool = True):
-        super().__init__()
-        if num_checkpoints < 1:
-            raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
-        self.directory = pathlib.Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.num_checkpoints = num_checkpoints
+        super().__init__(directory, num_checkpoints)
         self.average_at_end = average_at_end
 
     def checkpoints(self) -> list[pathlib.Path]:
         return sorted(self.directory.glob("checkpoint_*.npz"))
 
     def on_epoch_end(self, epoch, logs=None):
-        _save_npz(self.directory / f"checkpoint_{epoch + 1:06d}.npz", **_weights_dict(self.model.weights))
+        self._save(epoch + 1)
         for old in self.checkpoints()[: -self.num_checkpoints]:
             old.unlink()
 
@@ -137,7 +150,7 @@ class CheckpointAverager(keras.callbacks.Callback):
             average_checkpoints(self.model, self.checkpoints()[-self.num_checkpoints :])
 
 
-class BestCheckpoints(keras.callbacks.Callback):
+class BestCheckpoints(_CheckpointKeeper):
     """Keeps the `num_checkpoints` best epochs by validation BLEU, and stops early.
 
     Reads `val_bleu` (ties broken by `val_chrf`) from the epoch's logs, so it must come
@@ -156,14 +169,8 @@ class BestCheckpoints(keras.callbacks.Callback):
     RECORD = "best.json"
 
     def __init__(self, directory, num_checkpoints: int = 1, patience: int | None = None):
-        super().__init__()
-        if num_checkpoints < 1:
-            raise ValueError(f"`num_checkpoints` must be >= 1. Received: {num_checkpoints!r}")
-        self.directory = pathlib.Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.num_checkpoints = num_checkpoints
+        super().__init__(directory, num_checkpoints)
         self.patience = patience
-        self.stopped_early = False
 
     def scores(self) -> dict[int, tuple[float, float]]:
         """`{epoch: (val_bleu, val_chrf)}` for every epoch scored so far (epochs count from 1)."""
@@ -172,14 +179,14 @@ class BestCheckpoints(keras.callbacks.Callback):
             return {}
         return {int(k): tuple(v) for k, v in json.loads(path.read_text(encoding="utf-8"))["scores"].items()}
 
-    def ranked(self) -> list[int]:
+    def ranked(self, scores: dict | None = None) -> list[int]:
         """Scored epochs, best first (the earlier epoch first among equals)."""
-        scores = self.scores()
+        scores = self.scores() if scores is None else scores
         return sorted(scores, key=lambda e: (-scores[e][0], -scores[e][1], e))
 
     def checkpoints(self) -> list[pathlib.Path]:
         """The kept checkpoints, best first."""
-        paths = [self.directory / f"checkpoint_{e:06d}.npz" for e in self.ranked()[: self.num_checkpoints]]
+        paths = [self._path(e) for e in self.ranked()[: self.num_checkpoints]]
         return [p for p in paths if p.is_file()]
 
     def on_epoch_end(self, epoch, logs=None):
@@ -188,16 +195,15 @@ class BestCheckpoints(keras.callbacks.Callback):
             raise ValueError("BestCheckpoints needs `val_bleu` in the logs: put TranslationScores before it.")
         scores = self.scores()
         scores[epoch + 1] = (float(logs["val_bleu"]), float(logs.get("val_chrf", 0.0)))
-        keep = sorted(scores, key=lambda e: (-scores[e][0], -scores[e][1], e))[: self.num_checkpoints]
+        keep = self.ranked(scores)[: self.num_checkpoints]
         if epoch + 1 in keep:
-            _save_npz(self.directory / f"checkpoint_{epoch + 1:06d}.npz", **_weights_dict(self.model.weights))
+            self._save(epoch + 1)
         files.write_json(self.directory / self.RECORD, {"scores": {str(e): list(v) for e, v in sorted(scores.items())},
                                                         "best_epoch": keep[0]})
         for path in self.directory.glob("checkpoint_*.npz"):
             if int(path.stem.split("_")[1]) not in keep:
                 path.unlink()
         if self.patience is not None and epoch + 1 - keep[0] >= self.patience:
-            self.stopped_early = True
             self.model.stop_training = True
 
 

@@ -496,7 +496,9 @@ def main(argv=None) -> int:
 # Lines that TensorFlow's and XLA's C++ code writes to the standard error stream while it
 # loads, before any logging level applies: CPU feature notes, CUDA probing on a machine
 # without a GPU ("failed call to cuInit"). Not errors of the user's command.
-_START_UP_NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]0000 )")
+_START_UP_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]0000 |To enable the following instructions: )"
+)
 
 
 @contextlib.contextmanager

@@ -154,10 +154,12 @@ def build_model(config: TrainConfig, tokenizer) -> Transformer:
     return model
 
 
-def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
+def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callbacks=()) -> dict:
     """Run (or resume) training; return the test metrics. Raises `RunError` on bad input.
 
-    `corpus` is the config's corpus when the caller has already loaded it.
+    `corpus` is the config's corpus when the caller has already loaded it. `callbacks`
+    are more Keras callbacks, run after the run's own loggers and checkpoints and before
+    the resumption state is saved (a stop they ask for is saved with it).
     """
     from keras_transformer.tools.text.tokenizer import Tokenizer
 
@@ -195,10 +197,10 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None) -> dict:
         if not saved_tokenizer:
             tokenizer.save(tokenizer_dir)
         files.write_json(output_dir / "data.json", data)
-        return _fit(config, output_dir, corpus, tokenizer, verbose)
+        return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks))
 
 
-def _stop_reason(config: TrainConfig, output_dir: pathlib.Path) -> str:
+def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
     """Why a run stopped before its last step, from its last logged epoch."""
     import csv
 
@@ -208,7 +210,10 @@ def _stop_reason(config: TrainConfig, output_dir: pathlib.Path) -> str:
     target = config.stop_at_exact_match
     if target is not None and float(last.get("val_exact_match") or 0) >= target:
         return f"validation exact match reached {target:.0%}"
-    return f"validation BLEU did not improve for {config.early_stopping} epochs"
+    scores = best.scores() if best is not None else {}
+    if config.early_stopping and scores and max(scores) - best.ranked()[0] >= config.early_stopping:
+        return f"validation BLEU did not improve for {config.early_stopping} epochs"
+    return "a callback asked to stop"
 
 
 def data_statistics(corpus, tokenizer, max_length: int) -> dict:
@@ -256,7 +261,7 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     return {**counts, "summary": summary}
 
 
-def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
+def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dict:
     from keras_transformer.tools.text.datasets import make_dataset
 
     keras.utils.set_random_seed(config.seed)
@@ -295,6 +300,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False),
         last,
         kt_callbacks.TrainingCurves(output_dir / "log.csv", output_dir / "curves.png", config.steps_per_epoch),
+        *extra_callbacks,
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
     ]
@@ -333,7 +339,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose) -> dict:
                        best_val_bleu=best.scores()[best_epoch][0])
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         metrics["stopped_early"] = True
-        print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir)}", flush=True)
+        print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir, best)}", flush=True)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         results = model.evaluate(test_data, return_dict=True, verbose=0)
