@@ -122,7 +122,9 @@ def main(argv=None) -> dict:
         results[name] = scores
         print(f"{name}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} ({scores['seconds']} s)", flush=True)
     with open(out / "log.csv", newline="") as f:
-        curve = [{"step": (int(r["epoch"]) + 1) * config.steps_per_epoch, "val_bleu": float(r["val_bleu"]),
+        # The last epoch may have been cut short by --minutes.
+        curve = [{"step": min((int(r["epoch"]) + 1) * config.steps_per_epoch, metrics["steps"]),
+                  "val_bleu": float(r["val_bleu"]),
                   "val_chrf": float(r["val_chrf"])} for r in csv.DictReader(f) if r.get("val_bleu")]
     data = json.loads((out / "data.json").read_text(encoding="utf-8"))
     per_step = tokens_per_step(corpus, tokenizer, config)

@@ -335,7 +335,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
                "train_seconds_this_session": round(train_seconds, 1)}
     if best is not None and best.scores():
         best_epoch = best.ranked()[0]
-        metrics.update(best_epoch=best_epoch, best_step=best_epoch * config.steps_per_epoch,
+        # A run stopped mid-epoch by a callback ends at `steps`, not at the epoch's end.
+        metrics.update(best_epoch=best_epoch, best_step=min(best_epoch * config.steps_per_epoch, steps),
                        best_val_bleu=best.scores()[best_epoch][0])
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         metrics["stopped_early"] = True
