@@ -13,13 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import time
-import unicodedata
-
-
-def normalised(text: str) -> str:
-    return re.sub(" +", " ", unicodedata.normalize("NFC", text)).strip()
 
 
 def main(argv=None) -> dict:
@@ -31,6 +25,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     from keras_transformer.tools.text import Tokenizer, corpora
+    from keras_transformer.tools.text.tokenizer import normalise
 
     pairs, _ = corpora.read_tsv(args.tsv)
     sides = {args.languages[0]: [s for s, _ in pairs], args.languages[1]: [t for _, t in pairs]}
@@ -44,7 +39,7 @@ def main(argv=None) -> dict:
             for start in range(0, len(texts), 10_000):
                 chunk = texts[start : start + 10_000]
                 back += tokenizer.detokenize_dense(tokenizer.tokenize(chunk))
-            misses = [(a, b) for a, b in zip(texts, back) if normalised(a) != b]
+            misses = [(a, b) for a, b in zip(texts, back) if normalise(a) != b]
             report["results"][f"{kind} {language}"] = {
                 "sentences": len(texts), "round_trip": round(1 - len(misses) / len(texts), 5),
                 "vocabulary": tokenizer.vocab_size, "build_seconds": seconds,

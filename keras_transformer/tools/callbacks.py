@@ -203,8 +203,13 @@ class BestCheckpoints(_CheckpointKeeper):
         for path in self.directory.glob("checkpoint_*.npz"):
             if int(path.stem.split("_")[1]) not in keep:
                 path.unlink()
-        if self.patience is not None and epoch + 1 - keep[0] >= self.patience:
+        if self.patience_exhausted():
             self.model.stop_training = True
+
+    def patience_exhausted(self) -> bool:
+        """Whether `patience` epochs have passed since the best one."""
+        scores = self.scores()
+        return self.patience is not None and bool(scores) and max(scores) - self.ranked(scores)[0] >= self.patience
 
 
 def average_checkpoints(model: keras.Model, paths) -> int:

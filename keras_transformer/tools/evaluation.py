@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
-import unicodedata
 
 import keras
 import numpy as np
@@ -126,7 +124,9 @@ def score(hypotheses, references, tokenizer=None) -> dict:
     if tokenizer is not None and tokenizer.kind == "wordpiece":
         references = tokenizer.detokenize_dense(tokenizer.tokenize_dense(references).numpy())
     else:
-        references = [re.sub(" +", " ", unicodedata.normalize("NFC", r)).strip() for r in references]
+        from keras_transformer.tools.text.tokenizer import normalise
+
+        references = [normalise(r) for r in references]
     bleu = sacrebleu.metrics.BLEU()
     # Word BLEU has no 2- to 4-grams in one-word sentences (German number words are single
     # compounds) and is then 0 whatever the output; character BLEU still measures them.

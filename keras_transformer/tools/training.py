@@ -210,8 +210,7 @@ def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
     target = config.stop_at_exact_match
     if target is not None and float(last.get("val_exact_match") or 0) >= target:
         return f"validation exact match reached {target:.0%}"
-    scores = best.scores() if best is not None else {}
-    if config.early_stopping and scores and max(scores) - best.ranked()[0] >= config.early_stopping:
+    if best is not None and best.patience_exhausted():
         return f"validation BLEU did not improve for {config.early_stopping} epochs"
     return "a callback asked to stop"
 

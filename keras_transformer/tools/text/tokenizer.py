@@ -21,6 +21,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import tempfile
 import unicodedata
 from typing import Iterable, Sequence
@@ -317,6 +318,12 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _save_model(self, directory: pathlib.Path) -> None:
         (directory / self.MODEL_FILE).write_bytes(self._model)
+
+
+def normalise(text: str) -> str:
+    """`text` as a SentencePiece round trip gives it back: NFC, runs of spaces as one, no
+    space at either end."""
+    return re.sub(" +", " ", unicodedata.normalize("NFC", text)).strip()
 
 
 def _check_reserved_ids(ids) -> list[int]:
