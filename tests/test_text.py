@@ -60,6 +60,14 @@ def test_sentencepiece_round_trip_is_lossless_wordpiece_is_not(kind):
         assert back[0] == "It ' s a t - shirt , isn ' t it ?"
 
 
+def test_learning_leaves_no_temporary_files(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    Tokenizer.build(REAL * 3, vocab_size=200)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_byte_fallback_spells_unseen_characters():
     texts = [t for t in REAL if not t.startswith("東京")] * 40
     tok = Tokenizer.build(texts, vocab_size=1024)  # >= 1024: bytes on by default

@@ -348,7 +348,7 @@ def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _nfc_rules() -> str:
-    """A SentencePiece normalization rule file that composes to NFC (and changes
+    """A SentencePiece normalization rule table that composes to NFC (and changes
     nothing else): one line `decomposed code points<TAB>composed code point` per
     character whose NFD differs from it."""
     lines = []
@@ -357,10 +357,7 @@ def _nfc_rules() -> str:
         decomposed = unicodedata.normalize("NFD", char)
         if decomposed != char and unicodedata.normalize("NFC", decomposed) == char:
             lines.append(" ".join(f"{ord(c):04X}" for c in decomposed) + f"\t{code:04X}")
-    handle, path = tempfile.mkstemp(prefix="keras_transformer_nfc_", suffix=".tsv")
-    with os.fdopen(handle, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
 
 
 def _learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
@@ -368,33 +365,37 @@ def _learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte
 
     pad_id, unk_id, start_id, end_id = ids
     model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_writer=model,
-            model_type="unigram",
-            vocab_size=vocab_size,
-            # A smaller corpus gives a smaller vocabulary instead of an error.
-            hard_vocab_limit=False,
-            # Every character of the training text gets a piece (the default drops the
-            # rarest 0.05%, which then come back as [UNK] or bytes).
-            character_coverage=1.0,
-            byte_fallback=byte_fallback,
-            # NFC only: SentencePiece's default NFKC would rewrite full-width CJK
-            # punctuation, ligatures and fractions, which a round trip must keep.
-            normalization_rule_tsv=_nfc_rules(),
-            pad_id=pad_id, unk_id=unk_id, bos_id=start_id, eos_id=end_id,
-            pad_piece=PAD, unk_piece=UNK, bos_piece=START, eos_piece=END,
-            input_sentence_size=2_000_000,
-            shuffle_input_sentence=True,
-            num_threads=os.cpu_count() or 1,
-            minloglevel=2,
-        )
-    except RuntimeError as e:
-        raise ValueError(
-            f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: {e}. "
-            "A vocabulary must hold every character of the text; raise the vocabulary size."
-        ) from None
+    # The trainer reads normalization rules from a file only; the file lives as long as the training.
+    with tempfile.TemporaryDirectory(prefix="keras_transformer_") as tmp:
+        rules = pathlib.Path(tmp) / "nfc.tsv"
+        rules.write_text(_nfc_rules(), encoding="utf-8")
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=model,
+                model_type="unigram",
+                vocab_size=vocab_size,
+                # A smaller corpus gives a smaller vocabulary instead of an error.
+                hard_vocab_limit=False,
+                # Every character of the training text gets a piece (the default drops the
+                # rarest 0.05%, which then come back as [UNK] or bytes).
+                character_coverage=1.0,
+                byte_fallback=byte_fallback,
+                # NFC only: SentencePiece's default NFKC would rewrite full-width CJK
+                # punctuation, ligatures and fractions, which a round trip must keep.
+                normalization_rule_tsv=str(rules),
+                pad_id=pad_id, unk_id=unk_id, bos_id=start_id, eos_id=end_id,
+                pad_piece=PAD, unk_piece=UNK, bos_piece=START, eos_piece=END,
+                input_sentence_size=2_000_000,
+                shuffle_input_sentence=True,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise ValueError(
+                f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: {e}. "
+                "A vocabulary must hold every character of the text; raise the vocabulary size."
+            ) from None
     return model.getvalue()
 
 
