@@ -26,7 +26,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer import _compat
+from keras_transformer import _checks, _compat
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, START_ID, UNK_ID
 
 __all__ = [
@@ -130,12 +130,7 @@ def beam_search(
         `(N, n, L)` and `(N, n)`, best first: the finished hypotheses by score, then
         (where fewer than n finished) the live ones, scored at their full length.
     """
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
-    if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
-        raise ValueError(
-            f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. Received: num_hypotheses={num_hypotheses!r}"
-        )
+    _checks.beam(beam_size, num_hypotheses)
     k = beam_size
     alpha = float(length_penalty_alpha)
     banned = _Banned(start_id, end_id, pad_id, min_length)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer import _checks
 from keras_transformer.defaults import PAD_ID
 
 
@@ -38,8 +39,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __init__(self, epsilon: float = 0.1, pad_id: int = PAD_ID, name: str = "label_smoothed_cross_entropy", **kwargs):
         super().__init__(name=name, **kwargs)
-        if not 0.0 <= epsilon < 1.0:
-            raise ValueError(f"`epsilon` must be in [0, 1). Received: epsilon={epsilon!r}")
+        _checks.rates(epsilon=epsilon)
         self.epsilon = epsilon
         self.pad_id = pad_id
 

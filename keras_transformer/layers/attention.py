@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer import _compat
+from keras_transformer import _checks, _compat
 from keras_transformer import ops as kt_ops
 
 
@@ -104,22 +104,10 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         kt_ops.check_window(window, f"Layer '{self.name}'")
-        if not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(
-                f"Layer '{self.name}': `num_heads` must be a positive integer. "
-                f"Received: num_heads={num_heads!r}"
-            )
-        for arg, val in (("key_dim", key_dim), ("value_dim", value_dim)):
-            if val is not None and (not isinstance(val, int) or val < 1):
-                raise ValueError(
-                    f"Layer '{self.name}': `{arg}` must be a positive integer or None. "
-                    f"Received: {arg}={val!r}"
-                )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"Layer '{self.name}': `dropout` must be in [0, 1). "
-                f"Received: dropout={dropout!r}"
-            )
+        where = f"Layer '{self.name}': "
+        _checks.positive_ints(where, num_heads=num_heads)
+        _checks.positive_ints(where, optional=True, key_dim=key_dim, value_dim=value_dim)
+        _checks.rates(where, dropout=dropout)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformer import _checks
 from keras_transformer import ops as kt_ops
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFFN
@@ -40,10 +41,7 @@ class _Block(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(
-                f"Layer '{self.name}': `dropout` must be in [0, 1). Received: dropout={dropout!r}"
-            )
+        _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout

@@ -7,6 +7,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import _checks
 from keras_transformer import ops as kt_ops
 from keras_transformer._compat import symbolic_ids_under_tf_distribute
 
@@ -129,12 +130,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for arg, val in (("vocab_size", vocab_size), ("d_model", d_model)):
-            if not isinstance(val, int) or val < 1:
-                raise ValueError(
-                    f"Layer '{self.name}': `{arg}` must be a positive integer. "
-                    f"Received: {arg}={val!r}"
-                )
+        _checks.positive_ints(f"Layer '{self.name}': ", vocab_size=vocab_size, d_model=d_model)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.dropout = dropout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformer import _checks
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFFN(keras.layers.Layer):
@@ -39,10 +41,7 @@ class PositionwiseFFN(keras.layers.Layer):
 
     def __init__(self, d_ff: int, activation="relu", dropout: float = 0.0, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(d_ff, int) or d_ff < 1:
-            raise ValueError(
-                f"Layer '{self.name}': `d_ff` must be a positive integer. Received: d_ff={d_ff!r}"
-            )
+        _checks.positive_ints(f"Layer '{self.name}': ", d_ff=d_ff)
         self.d_ff = d_ff
         self.activation = keras.activations.get(activation)
         self.dropout = dropout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformer import _checks
 from keras_transformer.layers.blocks import BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config
 
 
@@ -27,11 +28,7 @@ class _Stack(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(
-                f"Layer '{self.name}': `num_layers` must be a positive integer. "
-                f"Received: num_layers={num_layers!r}"
-            )
+        _checks.positive_ints(f"Layer '{self.name}': ", num_layers=num_layers)
         self.num_layers = num_layers
         prefix = self.block_class.__name__.replace("Block", "").lower()
         arguments = dict(

@@ -7,7 +7,7 @@ import copy
 import keras
 from keras import ops
 
-from keras_transformer import _compat, decoding
+from keras_transformer import _checks, _compat, decoding
 from keras_transformer import ops as kt_ops
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, PRESETS, START_ID
 from keras_transformer.layers.embedding import SinusoidalEmbedding
@@ -326,13 +326,7 @@ class Transformer(keras.Model):
             scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
             best first, and `(B, n)` scores.
         """
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
-        if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
-            raise ValueError(
-                f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "
-                f"Received: num_hypotheses={num_hypotheses!r}"
-            )
+        _checks.beam(beam_size, num_hypotheses)
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")

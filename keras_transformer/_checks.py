@@ -1,0 +1,31 @@
+"""Argument checks shared by the layers, the model, the loss and the searches: one
+rule, one wording. `where` names the object that refuses (`"Layer 'encoder': "`)."""
+
+from __future__ import annotations
+
+
+def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
+    """Refuse any value that is not an integer >= 1 (`None` passes when `optional`)."""
+    for name, value in values.items():
+        if optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            kind = "a positive integer or None" if optional else "a positive integer"
+            raise ValueError(f"{where}`{name}` must be {kind}. Received: {name}={value!r}")
+
+
+def rates(where: str = "", **values) -> None:
+    """Refuse any value outside [0, 1) (dropout rates, label smoothing)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{where}`{name}` must be in [0, 1). Received: {name}={value!r}")
+
+
+def beam(beam_size, num_hypotheses) -> None:
+    """Refuse a beam size below 1 or a number of hypotheses outside [1, beam_size]."""
+    positive_ints(beam_size=beam_size)
+    if isinstance(num_hypotheses, bool) or not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(
+            f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "
+            f"Received: num_hypotheses={num_hypotheses!r}"
+        )
