@@ -1,15 +1,25 @@
-"""Tokenizer, corpora and the tf.data pipeline (TensorFlow Text under every backend)."""
+"""Tokenizer, corpora and the tf.data pipeline.
+
+They are TensorFlow Text and tf.data whatever the Keras backend, so these tests run in the
+TensorFlow suite only; the training, translation and export tests use them under JAX and
+PyTorch too."""
 
 import gzip
 import re
 import unicodedata
 
+import keras
 import numpy as np
 import pytest
 
 from keras_transformer.decoding import END_ID, PAD_ID, START_ID
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import bucket_lengths, make_dataset
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="backend-independent (TensorFlow Text and tf.data under every backend): runs in the TensorFlow suite",
+)
 
 UNICODE = ["Grüße aus München, schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty-two thousand and seven"]
 # What a round trip must keep: punctuation, apostrophes, hyphens, numbers, umlauts, CJK.
