@@ -352,7 +352,7 @@ def _demo_parser(sub) -> None:
     p.set_defaults(handler=_run_demo)
 
 
-DEMO_TARGET = 0.99  # validation exact match at which the demo stops training
+DEMO_TARGET = 0.995  # validation exact match (greedy, 500 numbers) at which the demo stops training
 
 
 def _run_demo(args) -> int:
@@ -369,18 +369,22 @@ def _run_demo(args) -> int:
     start = time.time()
     out = pathlib.Path(args.output_dir)
     # Train only as long as the task needs: check 500 validation numbers (greedy) every 50
-    # steps, stop at 99% exact match, and keep the model that reached it.
+    # steps, stop at 99.5% exact match, and keep the model that reached it.
     # WordPiece: the numbers have no punctuation to lose, and it learned them faster
     # (99.4% exact after 900 steps; SentencePiece 98.7% after 1,250, TensorFlow, seed 0).
+    # Half the learning rate, peaking at step 200 (the full rate with warm-up 400 sat at
+    # 93-98% from step 250 to 850): 99.6% at step 450, held-out 99.40% with beam 4.
+    # Stopping at 99% (step 350) gave 98.2% held-out: 500 numbers are a noisy check.
     config = TrainConfig(steps_per_epoch=50, validate_translations=min(500, args.eval_size),
-                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1, tokenizer="wordpiece")
+                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1, tokenizer="wordpiece",
+                         learning_rate_scale=0.5, warmup_steps=200)
     if args.steps:
         config.steps = args.steps
         config.steps_per_epoch = min(config.steps_per_epoch, args.steps)
     if args.train_size:
         config.train_size = args.train_size
     print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend) until "
-          f"{DEMO_TARGET:.0%} of {config.validate_translations} validation numbers translate exactly "
+          f"{round(DEMO_TARGET * 100, 4):g}% of {config.validate_translations} validation numbers translate exactly "
           f"(at most {config.steps} steps)", flush=True)
     corpus = load_corpus(config)
     t = time.time()

@@ -209,7 +209,7 @@ def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
     last = rows[-1] if rows else {}
     target = config.stop_at_exact_match
     if target is not None and float(last.get("val_exact_match") or 0) >= target:
-        return f"validation exact match reached {target:.0%}"
+        return f"validation exact match reached {round(target * 100, 4):g}%"
     if best is not None and best.patience_exhausted():
         return f"validation BLEU did not improve for {config.early_stopping} epochs"
     return "a callback asked to stop"
