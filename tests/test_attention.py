@@ -148,10 +148,15 @@ def test_key_dim_given_allows_any_width():
     assert tuple(layer.output_dense.kernel.shape) == (20, 10)
 
 
-@pytest.mark.parametrize("bad", [dict(num_heads=0), dict(num_heads=2, key_dim=0), dict(num_heads=2, dropout=1.0)])
-def test_bad_constructor_arguments(bad):
-    with pytest.raises(ValueError, match="Received"):
-        kt.layers.MultiHeadAttention(**bad)
+@pytest.mark.parametrize("bad, match", [
+    (dict(num_heads=0), r"`num_heads` must be a positive integer\. Received: num_heads=0"),
+    (dict(num_heads=True), r"`num_heads` must be a positive integer\. Received: num_heads=True"),
+    (dict(num_heads=2, key_dim=0), r"`key_dim` must be a positive integer or None\. Received: key_dim=0"),
+    (dict(num_heads=2, dropout=1.0), r"`dropout` must be in \[0, 1\)\. Received: dropout=1\.0"),
+])
+def test_bad_constructor_arguments(bad, match):
+    with pytest.raises(ValueError, match="Layer 'mha': " + match):
+        kt.layers.MultiHeadAttention(**bad, name="mha")
 
 
 def test_cache_with_value_dim_other_than_key_dim():
