@@ -105,3 +105,39 @@ def test_training_state_restores_weights_optimizer_and_epoch(tmp_path):
     assert int(to_numpy(fresh.optimizer.iterations)) == 4
     for a, b in zip(model.weights + model.optimizer.variables, fresh.weights + fresh.optimizer.variables):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b))
+
+
+def test_a_ctrl_c_that_keras_drops_still_stops_fit_at_the_next_batch():
+    # Keras' `pythonify_logs` converts each batch's logs inside a bare `except:`; on JAX
+    # the SIGINT lands there and its KeyboardInterrupt is dropped. Recreate that drop on
+    # every backend: the signal arrives inside a callback that swallows everything.
+    import os
+    import signal
+
+    class SwallowedCtrlC(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+            if self.batches == 2:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    signal.sigtimedwait([], 0)  # give the handler its chance to run here
+                except:  # noqa: E722 - what Keras does
+                    pass
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
+    swallow = SwallowedCtrlC()
+    before = signal.getsignal(signal.SIGINT)
+    guard = kt_callbacks.Interruptible()
+    with pytest.raises(KeyboardInterrupt):
+        with guard:
+            model.fit(x, y, batch_size=4, epochs=3, callbacks=[guard, swallow], verbose=0)
+    assert guard.interrupted
+    # The guard raises it at the end of the next batch: batch 3 trained, batch 4 did not.
+    assert int(to_numpy(model.optimizer.iterations)) == 3
+    assert signal.getsignal(signal.SIGINT) is before

@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
+import signal
+import threading
 
 import keras
 import numpy as np
@@ -44,6 +46,54 @@ def _assign(variables, arrays: dict, what: str) -> None:
         raise ValueError(f"{what} holds {len(arrays)} arrays; the model has {len(variables)} variables.")
     for i, v in enumerate(variables):
         v.assign(arrays[f"v{i:05d}"])
+
+
+class Interruptible(keras.callbacks.Callback):
+    """Ctrl-C stops `fit` on every backend: a context manager and a callback.
+
+    Keras (3.15) turns each batch's logs into Python floats inside a bare `except:`
+    (`keras.src.utils.python_utils.pythonify_logs`). On JAX that conversion is where the
+    main thread waits for the device, so the `KeyboardInterrupt` of a Ctrl-C is raised
+    there, dropped, and training goes on. Inside `with Interruptible() as guard:`, a
+    SIGINT is recorded as well as raised, and the callback raises it again at the next
+    batch or epoch end. Outside the main thread, or where the program has its own SIGINT
+    handler, nothing is changed.
+
+    Example:
+
+    ```python
+    with Interruptible() as guard:
+        model.fit(data, callbacks=[guard, ...])
+    ```
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.interrupted = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_signal(self, signum, frame):
+        self.interrupted = True
+        raise KeyboardInterrupt
+
+    def _raise_if_interrupted(self, *args, **kwargs):
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    on_train_batch_end = on_test_batch_end = on_predict_batch_end = _raise_if_interrupted
+    on_epoch_end = on_test_end = _raise_if_interrupted
 
 
 class TrainingState(keras.callbacks.Callback):

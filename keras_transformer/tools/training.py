@@ -279,7 +279,9 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False
     ) if corpus.validation else None
-    callbacks, best = [], None
+    # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
+    interruptible = kt_callbacks.Interruptible()
+    callbacks, best = [interruptible], None
     if config.validate_translations and corpus.validation:
         # Before the loggers, which record what they add to the epoch's logs.
         callbacks.append(kt_callbacks.TranslationScores(
@@ -304,17 +306,18 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         kt_callbacks.TrainingState(output_dir / "state"),
     ]
     start = time.time()
-    model.fit(
-        train_data,
-        # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
-        steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        validation_data=validation_data,
-        callbacks=callbacks,
-        verbose=verbose,
-        shuffle=False,  # the dataset shuffles itself
-    )
+    with interruptible:
+        model.fit(
+            train_data,
+            # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
+            steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            validation_data=validation_data,
+            callbacks=callbacks,
+            verbose=verbose,
+            shuffle=False,  # the dataset shuffles itself
+        )
     train_seconds = time.time() - start
     if best is not None and best.checkpoints():
         # best/model.keras: the single epoch with the best validation BLEU.
