@@ -83,6 +83,11 @@ class _Recorder:
     floats, `None`) are part of the signature. Anything else a function reads is
     recorded as a constant, and a function that branches on a tensor's value cannot be
     recorded (`make_fx` raises).
+
+    A loop (`while_loop`) is one record of its body followed by its condition, run on
+    the flat list of loop tensors until the condition is false, and the KV cache is
+    written in place inside it (`update_along`): per decoding step, one graph call and
+    one read of a boolean.
     """
 
     use_torchscript = True
@@ -107,21 +112,64 @@ class _Recorder:
         from torch.utils import _pytree as pytree
 
         def replay(*args):
-            leaves, spec = pytree.tree_flatten(args)
-            tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-            signature = tuple(
-                (tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else ("static", x) for x in leaves
-            )
-            key = (fn.__qualname__, str(spec), signature)
-            try:
-                hash(key)
-            except TypeError:  # an argument that cannot be a signature: run as it is
+            found = self._find(fn, args)
+            if found is None:  # an argument that cannot be a signature: run as it is
                 return fn(*args)
-            graph, out_spec = self.records.get(key, lambda: self._record(fn, leaves, spec))
+            graph, out_spec, tensors = found
             with torch.no_grad():
                 return pytree.tree_unflatten(list(graph(*self.values, *tensors)), out_spec)
 
         return replay
+
+    def loop(self, cond, body, loop_vars):
+        """`keras.ops.while_loop(cond, body, loop_vars)` with one record of "`body`, then
+        `cond` of its result" replayed on flat tensors: no Python between iterations but
+        the loop itself (no eager `cond`, no nest flattening per step)."""
+        import torch
+        from torch.utils import _pytree as pytree
+
+        loop_vars = tuple(keras.tree.map_structure(keras.ops.convert_to_tensor, tuple(loop_vars)))
+        if not bool(cond(*loop_vars)):
+            return loop_vars
+
+        def step(*loop_vars):
+            new = tuple(body(*loop_vars))
+            return new, cond(*new)
+
+        found = self._find(step, loop_vars)
+        leaves, spec = pytree.tree_flatten(loop_vars)
+        if found is None or len(found[2]) != len(leaves):  # not all tensors: one step at a time
+            return keras.ops.while_loop(cond, self.replayable(body), loop_vars)
+        graph, out_spec, tensors = found
+        kinds = [(x.shape, x.dtype) for x in tensors]
+        with torch.no_grad():
+            *tensors, keep_going = graph(*self.values, *tensors)
+            if [(x.shape, x.dtype) for x in tensors] != kinds:  # a body that reshapes: step by step
+                new_vars, _ = pytree.tree_unflatten([*tensors, keep_going], out_spec)
+                return keras.ops.while_loop(cond, self.replayable(body), new_vars) if bool(keep_going) else new_vars
+            while bool(keep_going):
+                *tensors, keep_going = graph(*self.values, *tensors)
+        new_vars, _ = pytree.tree_unflatten([*tensors, keep_going], out_spec)
+        return new_vars
+
+    def _find(self, fn, args):
+        """`(graph, out_spec, tensor_args)` of `fn` for these arguments, recorded on the
+        first call per signature; `None` if an argument cannot be part of a signature."""
+        import torch
+        from torch.utils import _pytree as pytree
+
+        leaves, spec = pytree.tree_flatten(args)
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        signature = tuple(
+            (tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else ("static", x) for x in leaves
+        )
+        key = (fn.__qualname__, str(spec), signature)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        graph, out_spec = self.records.get(key, lambda: self._record(fn, leaves, spec))
+        return graph, out_spec, tensors
 
     def _record(self, fn, leaves, spec):
         import warnings
@@ -168,13 +216,18 @@ def recorded(fn):
 
 
 def while_loop(cond, body, loop_vars):
-    """`keras.ops.while_loop`, with `body` made `recorded`: on PyTorch, inside a function
-    made by `compile_function`, the body is recorded once per signature and replayed.
+    """`keras.ops.while_loop`; on PyTorch, inside a function made by `compile_function`,
+    the body and the condition are recorded once per signature as one graph and replayed
+    (`_Recorder.loop`).
 
-    The body must not branch on tensor values, nor read tensors other than the loop
-    variables and the model's variables (see `_Recorder`).
+    The body must keep the loop variables' shapes, must not branch on tensor values, nor
+    read tensors other than the loop variables and the model's variables (see
+    `_Recorder`).
     """
-    return keras.ops.while_loop(cond, recorded(body), loop_vars)
+    recorder = _recorder.get()
+    if recorder is None:
+        return keras.ops.while_loop(cond, body, loop_vars)
+    return recorder.loop(cond, body, loop_vars)
 
 
 def check_jit_compile(jit_compile, where: str) -> None:
@@ -225,6 +278,10 @@ def update_along(x, start, update, axis: int):
 
         start = keras.ops.convert_to_tensor(start, "int64")
         positions = start + torch.arange(update.shape[axis], device=x.device)
+        if _recorder.get() is not None:
+            # Inside a recorded search the tensor is the search's own (a cache made by
+            # the same function): write in place instead of copying it at every step.
+            return x.index_copy_(axis, positions, update)
         return torch.index_copy(x, axis, positions, update)
     starts = [0] * len(x.shape)
     starts[axis] = start

@@ -96,6 +96,47 @@ def test_static_arguments_are_part_of_the_signature():
     assert len(recorder.records) == 2
 
 
+@torch_only
+def test_a_recorded_loop_runs_body_and_condition_as_one_graph():
+    import torch
+
+    def cond(i, total, cache):
+        return keras.ops.logical_and(i < 6, total < 20.0)
+
+    def body(i, total, cache):
+        cache = _compat.update_along(cache, i, keras.ops.reshape(total, (1,)), axis=0)
+        return i + 1, total + keras.ops.cast(i, "float32") * 3.0, cache
+
+    def start():
+        return (torch.tensor(0, dtype=torch.int32), torch.tensor(1.0), torch.zeros(6))
+
+    expected = keras.ops.while_loop(cond, body, start())  # eager, one op at a time
+    recorder = _compat._Recorder([])
+    with recorder:
+        got = _compat.while_loop(cond, body, start())
+        again = _compat.while_loop(cond, body, start())
+    for a, b, c in zip(expected, got, again):
+        np.testing.assert_allclose(a.numpy(), b.numpy())
+        np.testing.assert_allclose(a.numpy(), c.numpy())
+    assert int(got[0]) == 5  # stopped by `total`, not by `i`: the condition was replayed
+    assert len(recorder.records) == 1  # one record (body then condition), reused
+
+
+@torch_only
+def test_a_recorded_loop_whose_body_changes_shapes_runs_step_by_step():
+    import torch
+
+    def cond(i, x):
+        return i < 3
+
+    def body(i, x):
+        return i + 1, keras.ops.concatenate([x, x[:1]], axis=0)
+
+    with _compat._Recorder([]):
+        i, x = _compat.while_loop(cond, body, (torch.tensor(0), torch.ones(2)))
+    assert int(i) == 3 and tuple(x.shape) == (5,)
+
+
 def test_jit_compile_is_refused_with_its_reason_only_on_torch():
     model = _model(0)
     if BACKEND == "torch":
