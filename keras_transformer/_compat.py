@@ -172,10 +172,7 @@ class _Recorder:
         return graph, out_spec, tensors
 
     def _record(self, fn, leaves, spec):
-        import warnings
-
         import torch
-        from torch.fx.experimental.proxy_tensor import make_fx
         from torch.utils import _pytree as pytree
 
         n_values = len(self.values)
@@ -197,11 +194,112 @@ class _Recorder:
         # write into its inputs).
         inputs = (*self.values, *(leaves[i].clone() for i in tensor_at))
         with torch.no_grad():
-            graph = make_fx(flat)(*inputs)
-            if self.use_torchscript and hasattr(torch.jit, "trace"):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # TorchScript's deprecation notice
-                    graph = torch.jit.trace(graph, inputs, check_trace=False)
+            graph = _make_graph(flat, inputs, self.use_torchscript)
+        return graph, out_specs[0]
+
+
+def _make_graph(flat, inputs, use_torchscript=True):
+    """Record `flat(*inputs) -> tuple of tensors` with `make_fx`, as a TorchScript graph
+    where TorchScript is available (the FX graph otherwise)."""
+    import warnings
+
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(flat)(*inputs)
+    if use_torchscript and hasattr(torch.jit, "trace"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript's deprecation notice
+            with torch.no_grad():
+                graph = torch.jit.trace(graph, tuple(x.detach() for x in inputs), check_trace=False)
+    return graph
+
+
+class TrainStep:
+    """The training step of `compile(jit_compile=True)` on PyTorch, recorded and replayed.
+
+    Keras compiles its PyTorch step with `torch.compile`, whose TorchDynamo breaks the
+    graph at every Keras layer call and fails when recompiling the pieces for new
+    sequence lengths (Keras 3.15, torch 2.13). Instead, the forward pass, the loss and
+    the gradients (`torch.autograd.grad`) are recorded with `make_fx` once per batch
+    signature (shapes and dtypes of the inputs, as bucketing makes them) and replayed as
+    one TorchScript graph, with the variables' values of the moment as inputs (see
+    `_Recorder`). The optimizer's update, the loss tracker and the metrics run as in
+    Keras' own step. Dropout draws new masks at every replay (PyTorch's global
+    generator, as Keras' unseeded dropout does).
+
+    The model's call must not branch on tensor values nor update non-trainable
+    variables; such a model is refused when its step is recorded.
+    """
+
+    def __init__(self, model, max_signatures: int = 64):
+        self.model = model
+        self.records = FunctionCache(max_entries=max_signatures)
+
+    def __call__(self, data):
+        import torch
+        from torch.utils import _pytree as pytree
+
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        trainable = list(model.trainable_variables)
+        others = list(model.non_trainable_variables) + list(model.optimizer.variables)
+        leaves, spec = pytree.tree_flatten((x, y, sample_weight))
+        leaves = [keras.ops.convert_to_tensor(v) if hasattr(v, "shape") else v for v in leaves]
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        key = (
+            id(model.optimizer), len(trainable), len(others), str(spec),
+            tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for v in leaves),
+        )
+        graph, out_spec = self.records.get(key, lambda: self._record(leaves, spec, trainable, others))
+        with torch.no_grad():
+            out = graph(*(v.value for v in trainable), *(v.value for v in others), *tensors)
+        loss, y_pred, grads = pytree.tree_unflatten(list(out), out_spec)
+        batch_size = next(v for v in leaves if isinstance(v, torch.Tensor)).shape[0]
+        model._loss_tracker.update_state(loss, sample_weight=batch_size)  # as Keras' step does
+        with torch.no_grad():
+            model.optimizer.apply(list(grads), trainable)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _record(self, leaves, spec, trainable, others):
+        import torch
+        from torch.utils import _pytree as pytree
+
+        model = self.model
+        n_trainable, n_others = len(trainable), len(others)
+        tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        out_specs, updated = [], []
+
+        def flat(*inputs):
+            train_values = inputs[:n_trainable]
+            other_values = inputs[n_trainable : n_trainable + n_others]
+            args = list(leaves)
+            for i, v in zip(tensor_at, inputs[n_trainable + n_others :]):
+                args[i] = v
+            x, y, sample_weight = pytree.tree_unflatten(args, spec)
+            mapping = [*zip(trainable, train_values), *zip(others, other_values)]
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                scaled = model.optimizer.scale_loss(loss)
+            updated.extend(v.path for v, value in zip(others, other_values) if scope.get_current_value(v) is not value)
+            grads = torch.autograd.grad(scaled, train_values)
+            out_leaves, out_spec = pytree.tree_flatten((loss, y_pred, list(grads)))
+            out_specs.append(out_spec)
+            return tuple(out_leaves)
+
+        inputs = (
+            *(v.value.detach().clone().requires_grad_() for v in trainable),
+            *(v.value.detach().clone() for v in others),
+            *(leaves[i].clone() for i in tensor_at),
+        )
+        graph = _make_graph(flat, inputs, use_torchscript=False)
+        if updated:
+            raise ValueError(
+                f"Model '{model.name}': `jit_compile=True` on PyTorch records the training step, and "
+                f"this model's call updates non-trainable variables ({', '.join(updated[:3])}), which a "
+                "record cannot replay. Compile it with `jit_compile=False`."
+            )
         return graph, out_specs[0]
 
 
@@ -228,27 +326,6 @@ def while_loop(cond, body, loop_vars):
     if recorder is None:
         return keras.ops.while_loop(cond, body, loop_vars)
     return recorder.loop(cond, body, loop_vars)
-
-
-def check_jit_compile(jit_compile, where: str) -> None:
-    """Refuse `compile(jit_compile=True)` where it cannot work: on PyTorch.
-
-    There Keras compiles the training step with `torch.compile`. With Keras 3.15 and
-    torch 2.13, TorchDynamo splits the step at every Keras layer call (graph breaks in
-    Keras' `Layer.__call__` and its tree utilities), compiles each layer as its own
-    frame, recompiles those for every new sequence length until the recompile limit,
-    and then fails inside its own guard diagnostics (`KeyError: 'decoder_padding_mask'`).
-    One clear message replaces that traceback. Decoding does not need it: `translate`
-    records and replays its loop on PyTorch (see `compile_function`).
-    """
-    if jit_compile is True and keras.backend.backend() == "torch":
-        raise ValueError(
-            f"{where}: `jit_compile=True` (torch.compile) cannot train this model on the PyTorch "
-            "backend: TorchDynamo breaks the graph at every Keras layer call and fails when "
-            "recompiling them for new sequence lengths. Use `jit_compile=False` (the default on "
-            "PyTorch); `translate` is recorded and replayed without it, or use the JAX or "
-            "TensorFlow backend for a compiled training step."
-        )
 
 
 def slice_along(x, start, length: int, axis: int):

@@ -1,6 +1,7 @@
 """`translate` runs the search compiled for the backend (`jax.jit`, XLA, or on PyTorch
 recorded loop bodies replayed as TorchScript graphs): same tokens as the eager search,
-and always with the weights of the moment."""
+and always with the weights of the moment. On PyTorch, `compile(jit_compile=True)`
+records the training step once per batch shape and replays it."""
 
 import keras
 import numpy as np
@@ -11,7 +12,9 @@ from keras_transformer import _compat
 from tests.conftest import BACKEND, randomize_weights, to_numpy
 
 torch_only = pytest.mark.skipif(
-    BACKEND != "torch", reason="recording and replaying is the PyTorch path; JAX and TensorFlow compile the whole search"
+    BACKEND != "torch",
+    reason="recording and replaying is the PyTorch path; JAX and TensorFlow compile the whole search and "
+    "their jit_compile=True is Keras' own XLA step",
 )
 V = 11
 
@@ -137,17 +140,73 @@ def test_a_recorded_loop_whose_body_changes_shapes_runs_step_by_step():
     assert int(i) == 3 and tuple(x.shape) == (5,)
 
 
-def test_jit_compile_is_refused_with_its_reason_only_on_torch():
-    model = _model(0)
-    if BACKEND == "torch":
-        with pytest.raises(ValueError, match=r"jit_compile=True.*torch.compile.*recompiling"):
-            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # the default works
-        assert model.jit_compile is False
-        x = {"source_ids": SOURCE, "target_ids": SOURCE}
-        before = model.evaluate(x, SOURCE, verbose=0)
-        model.fit(x, SOURCE, epochs=3, verbose=0)
-        assert model.evaluate(x, SOURCE, verbose=0) < before
-    else:  # XLA: accepted as Keras accepts it (training with it is tested elsewhere)
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-        assert model.jit_compile is True
+def _bucketed_batches():
+    # Three batch signatures, as token-budget bucketing makes them, then the first again.
+    rng = np.random.default_rng(3)
+    batches = []
+    for batch, source_length, target_length in [(6, 5, 7), (3, 9, 10), (12, 4, 5), (6, 5, 7)]:
+        x = {
+            "source_ids": rng.integers(4, V, (batch, source_length)).astype("int32"),
+            "target_ids": rng.integers(4, V, (batch, target_length)).astype("int32"),
+        }
+        batches.append((x, rng.integers(4, V, (batch, target_length)).astype("int32")))
+    return batches
+
+
+def _compiled(jit_compile, dropout=0.0):
+    keras.utils.set_random_seed(0)
+    model = kt.models.Transformer(vocab_size=V, num_layers=2, d_model=16, num_heads=2, d_ff=32, dropout=dropout)
+    model.build()
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2), loss=kt.losses.LabelSmoothedCrossEntropy(0.1),
+        metrics=[kt.metrics.MaskedAccuracy()], jit_compile=jit_compile,
+    )
+    return model
+
+
+@torch_only
+def test_jit_compile_trains_over_several_batch_shapes_like_the_eager_step_and_decodes():
+    batches = _bucketed_batches()
+    eager, compiled = _compiled(False), _compiled(True)
+    assert compiled.jit_compile is True
+    for x, y in batches:
+        expected = eager.train_on_batch(x, y, return_dict=True)
+        got = compiled.train_on_batch(x, y, return_dict=True)
+        np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-4)
+        np.testing.assert_allclose(got["accuracy"], expected["accuracy"], rtol=1e-4)
+    for a, b in zip(eager.get_weights(), compiled.get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    # Recorded once per signature: three, and the fourth batch replayed the first.
+    assert len(compiled._recorded_train_step.records) == 3
+    np.testing.assert_array_equal(
+        to_numpy(compiled.translate(SOURCE, 2, max_length=6), "int32"),
+        to_numpy(eager.translate(SOURCE, 2, max_length=6), "int32"),
+    )
+
+
+@torch_only
+def test_jit_compile_with_dropout_learns_and_draws_new_masks():
+    import torch
+
+    x, _ = _bucketed_batches()[0]
+    y = x["target_ids"]  # learnable: each position may attend to itself
+    model = _compiled(True, dropout=0.3)
+    losses = [model.train_on_batch(x, y, return_dict=True)["loss"] for _ in range(40)]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+    # The same weights and batch give different losses: dropout is drawn anew at every replay.
+    graph, _ = next(iter(model._recorded_train_step.records._functions.values()))
+    values = [v.value for v in model.trainable_variables] + [
+        v.value for v in model.non_trainable_variables + list(model.optimizer.variables)
+    ]
+    inputs = [keras.ops.convert_to_tensor(t) for t in (x["source_ids"], x["target_ids"], y)]
+    with torch.no_grad():
+        first, second = (float(graph(*values, *inputs)[0]) for _ in range(2))
+    assert first != second
+
+
+@torch_only
+def test_a_recorded_training_step_refuses_a_model_that_updates_non_trainable_variables():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match=r"jit_compile=True.*non-trainable variables.*moving_mean"):
+        _compat.TrainStep(model)((np.ones((4, 3), "float32"), np.ones((4, 1), "float32")))

@@ -112,6 +112,7 @@ class Transformer(keras.Model):
         self.end_id = end_id
         # Compiled searches, per static arguments: bounded, and released with the model.
         self._searches = _compat.FunctionCache(max_entries=8)
+        self._recorded_train_step = None  # PyTorch with jit_compile=True (see `train_step`)
 
         def embedding(name):
             return SinusoidalEmbedding(
@@ -151,16 +152,20 @@ class Transformer(keras.Model):
         config.update(kwargs)
         return cls(vocab_size=vocab_size, **config)
 
-    @property
-    def jit_compile(self):
-        """Keras' `jit_compile`, as `compile` sets it; `True` is refused on PyTorch with
-        the reason (see `keras_transformer._compat.check_jit_compile`)."""
-        return keras.Model.jit_compile.fget(self)
+    def _should_torch_compile(self):
+        # Keras' PyTorch trainer asks this before wrapping its steps in `torch.compile`,
+        # which fails on Keras layers (see `keras_transformer._compat.TrainStep`); with
+        # `jit_compile=True` the training step is recorded and replayed instead.
+        return False
 
-    @jit_compile.setter
-    def jit_compile(self, value):
-        _compat.check_jit_compile(value, f"Model '{self.name}'")
-        keras.Model.jit_compile.fset(self, value)
+    def train_step(self, *args):
+        """Keras' training step; on PyTorch with `jit_compile=True`, recorded once per batch
+        shape and replayed (`keras_transformer._compat.TrainStep`)."""
+        if self.jit_compile and keras.backend.backend() == "torch":
+            if self._recorded_train_step is None:
+                self._recorded_train_step = _compat.TrainStep(self)
+            return self._recorded_train_step(*args)
+        return super().train_step(*args)
 
     def build(self, inputs_shape=None):
         sequence_shape = (None, None, self.d_model)
