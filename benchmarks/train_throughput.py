@@ -4,8 +4,9 @@ Implementations, each measured in its own process (a Keras backend is fixed per 
 alternated, over two rounds:
 
 * `ours-<backend>`: `kt.models.Transformer` with `model.train_on_batch` (XLA on JAX and
-  TensorFlow, eager on PyTorch); `ours-torch-compile`: the same under `torch.compile`
-  (`model.compile(jit_compile=True)`);
+  TensorFlow, eager on PyTorch); `ours-torch-compile`: the same with
+  `model.compile(jit_compile=True)`, which on PyTorch records the step once per batch
+  shape and replays it (`keras_transformer._compat.TrainStep`);
 * `kerashub-<backend>`: KerasHub's `TransformerEncoder` / `TransformerDecoder` with
   `TokenAndPositionEmbedding`, same sizes (needs the `bench` extra: `keras-hub`);
 * `keras-mha-<backend>`: a plain Keras encoder-decoder built from
@@ -46,7 +47,7 @@ WORKS = {
 }
 IMPLEMENTATIONS = {  # name -> (backend, builder)
     **{f"ours-{b}": (b, "ours") for b in ("jax", "tensorflow", "torch")},
-    "ours-torch-compile": ("torch", "ours"),  # model.compile(jit_compile=True): torch.compile
+    "ours-torch-compile": ("torch", "ours"),  # model.compile(jit_compile=True): the recorded step
     **{f"kerashub-{b}": (b, "kerashub") for b in ("jax", "tensorflow", "torch")},
     **{f"keras-mha-{b}": (b, "keras_mha") for b in ("jax", "tensorflow", "torch")},
     "torch-eager": ("torch", "torch_eager"),
