@@ -336,3 +336,19 @@ def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, capsys):
     metrics = train(config, tmp_path, verbose=0, callbacks=[StopAtStep6()])
     assert metrics["steps"] == 6 and metrics["stopped_early"] is True
     assert "stopped after step 6 of 40: a callback asked to stop" in capsys.readouterr().out
+
+
+def test_a_progress_bar_only_in_a_terminal(monkeypatch):
+    import argparse
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert cli._fit_verbosity(argparse.Namespace(quiet=False)) == 1  # Keras' progress bar
+    assert cli._fit_verbosity(argparse.Namespace(quiet=True)) == 2  # one line per epoch
+    assert cli._fit_verbosity(argparse.Namespace()) == 1  # a command without --quiet
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe, a log file, CI
+    assert cli._fit_verbosity(argparse.Namespace(quiet=False)) == 2

@@ -125,7 +125,7 @@ def _run_train(args) -> int:
     values = {k: v for k, v in vars(args).items() if k in fields}
     values.update(corpus=corpus, steps=steps)
     config = TrainConfig(**values)
-    train(config, args.output_dir, verbose=2 if args.quiet else "auto")
+    train(config, args.output_dir, verbose=_fit_verbosity(args))
     return 0
 
 
@@ -261,7 +261,7 @@ def _run_translate(args) -> int:
     if output is not None:
         import keras
 
-        progress = keras.utils.Progbar(len(texts), unit_name="sentence", verbose=1 if sys.stdout.isatty() else 2)
+        progress = keras.utils.Progbar(len(texts), unit_name="sentence", verbose=_fit_verbosity(args))
     translations = []
     for start in range(0, len(texts), chunk_size):
         chunk = texts[start : start + chunk_size]
@@ -388,7 +388,7 @@ def _run_demo(args) -> int:
           f"(at most {config.steps} steps)", flush=True)
     corpus = load_corpus(config)
     t = time.time()
-    metrics = train(config, out / "run", verbose=2 if args.quiet else "auto", corpus=corpus)
+    metrics = train(config, out / "run", verbose=_fit_verbosity(args), corpus=corpus)
     train_seconds = time.time() - t
     model, tokenizer = evaluation.load_run(out / "run")
     test = corpus.test[: args.eval_size]
@@ -452,6 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     _claims_parser(sub, "design-notes", "Measure the paper's design notes (1/sqrt(d_k) scaling, "
                    "dot-product vs additive attention, sinusoidal vs learned positions).")
     return parser
+
+
+def _fit_verbosity(args) -> int:
+    """Keras' `verbose`: a progress bar in a terminal, one line per epoch otherwise (a
+    log file, a pipe, CI) or with `--quiet`."""
+    return 1 if sys.stdout.isatty() and not getattr(args, "quiet", False) else 2
 
 
 def parse(argv=None):
