@@ -345,7 +345,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir, best)}", flush=True)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
-        results = model.evaluate(test_data, return_dict=True, verbose=0)
+        with interruptible:
+            results = model.evaluate(test_data, return_dict=True, verbose=0, callbacks=[interruptible])
         metrics.update({f"test_{k}": float(v) for k, v in results.items()})
     files.write_json(output_dir / "metrics.json", metrics)
     print(json.dumps(metrics), flush=True)
