@@ -141,6 +141,9 @@ class _Recorder:
         if found is None or len(found[2]) != len(leaves):  # not all tensors: one step at a time
             return keras.ops.while_loop(cond, self.replayable(body), loop_vars)
         graph, out_spec, tensors = found
+        # The loop's own dense copies: the body may write into them in place
+        # (`update_along`), which must not reach the caller's tensors, nor a broadcast view.
+        tensors = [x.clone(memory_format=torch.contiguous_format) for x in tensors]
         kinds = [(x.shape, x.dtype) for x in tensors]
         with torch.no_grad():
             *tensors, keep_going = graph(*self.values, *tensors)

@@ -126,6 +126,24 @@ def test_a_recorded_loop_runs_body_and_condition_as_one_graph():
 
 
 @torch_only
+def test_a_recorded_loop_writes_in_place_into_its_own_copies_only():
+    import torch
+
+    def cond(i, cache):
+        return i < 4
+
+    def body(i, cache):
+        return i + 1, _compat.update_along(cache, i, keras.ops.ones((3, 1)) * keras.ops.cast(i + 1, "float32"), axis=1)
+
+    shared = torch.zeros(1, 4)
+    start = (torch.tensor(0), shared.expand(3, 4))  # a broadcast view: one memory location per column
+    with _compat._Recorder([]):
+        _, cache = _compat.while_loop(cond, body, start)
+    np.testing.assert_allclose(cache.numpy(), np.tile([[1.0, 2.0, 3.0, 4.0]], (3, 1)))
+    np.testing.assert_allclose(shared.numpy(), np.zeros((1, 4)))  # the caller's tensor is untouched
+
+
+@torch_only
 def test_a_recorded_loop_whose_body_changes_shapes_runs_step_by_step():
     import torch
 
