@@ -136,11 +136,9 @@ class _Recorder:
             new = tuple(body(*loop_vars))
             return new, cond(*new)
 
-        found = self._find(step, loop_vars)
-        leaves, spec = pytree.tree_flatten(loop_vars)
-        if found is None or len(found[2]) != len(leaves):  # not all tensors: one step at a time
-            return keras.ops.while_loop(cond, self.replayable(body), loop_vars)
-        graph, out_spec, tensors = found
+        # Records are found by name and signature: the loop's name is its body's and condition's.
+        step.__qualname__ = f"loop({body.__qualname__}, {cond.__qualname__})"
+        graph, out_spec, tensors = self._find(step, loop_vars)  # every loop variable is a tensor here
         # The loop's own dense copies: the body may write into them in place
         # (`update_along`), which must not reach the caller's tensors, nor a broadcast view.
         tensors = [x.clone(memory_format=torch.contiguous_format) for x in tensors]

@@ -126,6 +126,28 @@ def test_a_recorded_loop_runs_body_and_condition_as_one_graph():
 
 
 @torch_only
+def test_two_loops_of_one_signature_keep_their_own_records():
+    import torch
+
+    def cond(i, x):
+        return i < 3
+
+    def double(i, x):
+        return i + 1, x * 2.0
+
+    def increment(i, x):
+        return i + 1, x + 1.0
+
+    recorder = _compat._Recorder([])
+    with recorder:
+        doubled = _compat.while_loop(cond, double, (torch.tensor(0), torch.ones(2)))[1]
+        incremented = _compat.while_loop(cond, increment, (torch.tensor(0), torch.ones(2)))[1]
+    np.testing.assert_allclose(doubled.numpy(), [8.0, 8.0])
+    np.testing.assert_allclose(incremented.numpy(), [4.0, 4.0])
+    assert len(recorder.records) == 2
+
+
+@torch_only
 def test_a_recorded_loop_writes_in_place_into_its_own_copies_only():
     import torch
 
