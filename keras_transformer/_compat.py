@@ -224,8 +224,8 @@ class TrainStep:
     sequence lengths (Keras 3.15, torch 2.13). Instead, the forward pass, the loss and
     the gradients (`torch.autograd.grad`) are recorded with `make_fx` once per batch
     signature (shapes and dtypes of the inputs, as bucketing makes them) and replayed as
-    one TorchScript graph, with the variables' values of the moment as inputs (see
-    `_Recorder`). The optimizer's update, the loss tracker and the metrics run as in
+    one FX graph (TorchScript cannot trace the recorded backward pass), with the
+    variables' values of the moment as inputs (see `_Recorder`). The optimizer's update, the loss tracker and the metrics run as in
     Keras' own step. Dropout draws new masks at every replay (PyTorch's global
     generator, as Keras' unseeded dropout does).
 
