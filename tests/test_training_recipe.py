@@ -132,12 +132,17 @@ def test_a_ctrl_c_that_keras_drops_still_stops_fit_at_the_next_batch():
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.zeros((40, 3), "float32"), np.zeros((40, 1), "float32")
     swallow = SwallowedCtrlC()
-    before = signal.getsignal(signal.SIGINT)
-    guard = kt_callbacks.Interruptible()
-    with pytest.raises(KeyboardInterrupt):
-        with guard:
-            model.fit(x, y, batch_size=4, epochs=3, callbacks=[guard, swallow], verbose=0)
-    assert guard.interrupted
-    # The guard raises it at the end of the next batch: batch 3 trained, batch 4 did not.
-    assert int(to_numpy(model.optimizer.iterations)) == 3
-    assert signal.getsignal(signal.SIGINT) is before
+    # The guard acts only where SIGINT has Python's default handler (a program's own handler
+    # is left alone); start from it whatever an earlier test in this worker left.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        guard = kt_callbacks.Interruptible()
+        with pytest.raises(KeyboardInterrupt):
+            with guard:
+                model.fit(x, y, batch_size=4, epochs=3, callbacks=[guard, swallow], verbose=0)
+        assert guard.interrupted
+        # The guard raises it at the end of the next batch: batch 3 trained, batch 4 did not.
+        assert int(to_numpy(model.optimizer.iterations)) == 3
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
