@@ -12,11 +12,22 @@ from keras_transformer.tools import cli, evaluation
 from .test_cli_train import SMALL
 
 
-def _train(out, policy):
-    args = ["train", "--output-dir", str(out), *SMALL, "--steps", "24", "--steps-per-epoch", "8",
-            "--average-checkpoints", "1", "--mixed-precision", policy]
-    assert cli.main(args) == 0
-    return args
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`trained(policy)`: (run directory, train arguments) of a short run under that policy,
+    trained once per module (the run and the export tests share the bfloat16 one)."""
+    runs = {}
+
+    def get(policy):
+        if policy not in runs:
+            out = tmp_path_factory.mktemp(f"mixed_{policy}") / "run"
+            args = ["train", "--output-dir", str(out), *SMALL, "--steps", "24", "--steps-per-epoch", "8",
+                    "--average-checkpoints", "1", "--mixed-precision", policy]
+            assert cli.main(args) == 0
+            runs[policy] = out, args
+        return runs[policy]
+
+    return get
 
 
 def _jax_on_cpu():
@@ -33,9 +44,8 @@ def _jax_on_cpu():
         _jax_on_cpu(), reason="XLA on CPU has no float16 matrix product with float32 accumulation; "
                               "test_float16_on_jax_cpu_is_refused checks the message")),
 ])
-def test_a_mixed_precision_run_trains_resumes_and_translates(policy, tmp_path):
-    out = tmp_path / "run"
-    args = _train(out, policy)
+def test_a_mixed_precision_run_trains_resumes_and_translates(policy, trained):
+    out, args = trained(policy)
     with open(out / "log.csv") as f:
         losses = [float(r["loss"]) for r in csv.DictReader(f)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.5, losses
@@ -55,14 +65,13 @@ def test_a_mixed_precision_run_trains_resumes_and_translates(policy, tmp_path):
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                     reason="export always runs on TensorFlow (a child process under JAX and PyTorch, the same "
                            "code this TensorFlow test runs in-process); one backend keeps CI short")
-def test_a_mixed_precision_model_exports(tmp_path):
+def test_a_mixed_precision_model_exports(trained, tmp_path):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 - registers the tokenizer's ops
 
     import keras_transformer as kt
 
-    _train(tmp_path / "run", "bfloat16")
-    model, tokenizer = evaluation.load_run(tmp_path / "run")
+    model, tokenizer = evaluation.load_run(trained("bfloat16")[0])
     kt.export.export_translator(model, tokenizer, tmp_path / "saved", beam_size=2)
     served = tf.saved_model.load(str(tmp_path / "saved"))
     texts = ["forty-two", "nine hundred"]
