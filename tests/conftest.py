@@ -85,3 +85,38 @@ def random_ids(rng, batch, length, vocab_size, pad_from=None):
 
 def pytest_report_header(config):
     return f"keras backend: {BACKEND}, keras {keras.__version__}, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')}"
+
+
+_JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+    """On JAX, one on-disk XLA compilation cache for the whole session.
+
+    Many tests compile the same programs (the same small model and batch shapes, in
+    this process, in the other xdist workers and in the commands the tests start);
+    with the cache each program is compiled once. The tests still trace every
+    function, so what they check about tracing is unchanged. The directory is made
+    by the first process (the xdist controller, before it starts the workers, which
+    inherit the variable) and removed at its end.
+    """
+    if BACKEND != "jax":
+        return
+    import jax
+
+    if _JAX_CACHE not in os.environ:
+        import tempfile
+
+        os.environ[_JAX_CACHE] = config._kt_jax_cache = tempfile.mkdtemp(prefix="kt-jax-cache-")
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    # This process imported JAX before the variables were set.
+    jax.config.update("jax_compilation_cache_dir", os.environ[_JAX_CACHE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")))
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_kt_jax_cache", None):
+        import shutil
+
+        shutil.rmtree(config._kt_jax_cache, ignore_errors=True)
