@@ -180,6 +180,30 @@ def test_numbers_corpus_is_deterministic_and_splits_are_disjoint():
     assert other.test != a.test
 
 
+@pytest.mark.parametrize("lang", ["en", "de", "es"])
+def test_number_words_by_parts_are_num2words(lang):
+    from num2words import num2words
+
+    words = corpora._NumberWords(lang)
+    assert words._by_parts  # the fast path is the one checked here
+    rng = np.random.default_rng(0)
+    numbers = [0, 7, 999, 1000, 1001, 10_000, 100_001, 999_999, 1_000_000, 1_234_567, *rng.integers(0, 10**6, 1500)]
+    for n in numbers:
+        assert words(int(n)) == num2words(int(n), lang=lang), n
+
+
+def test_number_words_fall_back_to_num2words_where_the_parts_rule_breaks(monkeypatch):
+    import num2words as package
+
+    def irregular(n, lang):  # "1000 + b" does not begin with the words of 1000
+        return f"w{n}" if n != 1001 else "other"
+
+    monkeypatch.setattr(package, "num2words", irregular)
+    words = corpora._NumberWords("xx")
+    assert not words._by_parts
+    assert [words(n) for n in (5, 1001, 123_456)] == ["w5", "other", "w123456"]
+
+
 def test_parallel_files_gzip_and_empty_lines(tmp_path):
     src, tgt = tmp_path / "train.en.gz", tmp_path / "train.de"
     with gzip.open(src, "wt", encoding="utf-8") as f:
