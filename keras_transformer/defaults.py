@@ -16,6 +16,11 @@ LENGTH_PENALTY = 0.6
 MAX_EXTRA_LENGTH = 50
 # Translations checked during training (not in the paper): greedy, for speed.
 VALIDATION_BEAM_SIZE = 1
+# Sentences decoded together, by default (not in the paper): as many as keep
+# rows x beam x longest output within this many tokens, at most 1,024 (on 2 CPU cores,
+# 1,000 short sentences with beam 4 decode in half the time of batches of 64).
+DECODE_BATCH_TOKENS = 65536
+DECODE_MAX_BATCH = 1024
 
 # Model sizes.
 PRESETS = {

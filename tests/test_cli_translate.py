@@ -84,6 +84,10 @@ def test_n_best_lists_the_beam_best_first(demo, capsys):
     model, tokenizer = evaluation.load_run(run)
     best = evaluation.translate_texts(model, tokenizer, ["seven", "forty-two"], beam_size=3)
     assert [lines[0].split(" ||| ")[1], lines[3].split(" ||| ")[1]] == best
+    # The default batch (by token budget: all of these in one) and batches of 2 agree.
+    texts = ["seven", "forty-two", "nine hundred and one", "three", "twelve thousand and five"]
+    assert evaluation.translate_texts(model, tokenizer, texts, beam_size=3) == evaluation.translate_texts(
+        model, tokenizer, texts, beam_size=3, batch_size=2)
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "2", "--n-best", "3", "seven"]) == 2
     assert "--n-best 3 is more than the --beam-size 2 hypotheses" in capsys.readouterr().err
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, PRESETS
+from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, PRESETS
 from keras_transformer.tools.config import RunError, TrainConfig
 
 
@@ -154,7 +154,9 @@ def _decoding_flags(p, batch=True) -> None:
     p.add_argument("--length-penalty", type=_at_least(0.0, float), default=LENGTH_PENALTY,
                    help="alpha of ((5 + |Y|) / 6)^alpha.")
     if batch:
-        p.add_argument("--batch-size", type=_at_least(1), default=64, help="Sentences decoded together.")
+        p.add_argument("--batch-size", type=_at_least(1), default=None,
+                       help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
+                            f"output within {DECODE_BATCH_TOKENS:,} tokens, at most {DECODE_MAX_BATCH:,}]")
 
 
 def _evaluate_parser(sub) -> None:
@@ -256,7 +258,7 @@ def _run_translate(args) -> int:
     model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
-    chunk_size = args.batch_size * (16 if output else 4)
+    chunk_size = (args.batch_size or 64) * (16 if output else 4)
     progress = None
     if output is not None:
         import keras

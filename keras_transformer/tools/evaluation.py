@@ -8,7 +8,8 @@ import pathlib
 import keras
 import numpy as np
 
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
+from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
+                                        MAX_EXTRA_LENGTH)
 from keras_transformer.tools import files
 
 
@@ -71,12 +72,15 @@ def check_special_ids(model, tokenizer) -> None:
         )
 
 
-def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY, batch_size=64,
-                    max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0):
+def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                    batch_size: int | None = None, max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0):
     """Translate a list of strings, batched by length; returns strings in input order.
 
-    With `n_best=n >= 1`, each result is instead the list of the `n` best
-    `(translation, score)` pairs of the beam, best first (`n <= beam_size`).
+    `batch_size` sentences are decoded together; by default (`None`) as many as keep
+    `batch_size x beam_size x (longest source + max_extra_length)` within
+    `DECODE_BATCH_TOKENS`, at most `DECODE_MAX_BATCH`. With `n_best=n >= 1`, each result
+    is instead the list of the `n` best `(translation, score)` pairs of the beam, best
+    first (`n <= beam_size`).
     """
     check_special_ids(model, tokenizer)
     texts = list(texts)
@@ -85,6 +89,10 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     # One tokenizer call for all texts; each row without its padding.
     ids = [row[row != tokenizer.pad_id] for row in tokenizer.tokenize_dense(texts).numpy()]
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+    if batch_size is None:
+        # One batch size for the whole call: few shapes to compile.
+        longest = -(-max(len(row) for row in ids) // 8) * 8 + max_extra_length
+        batch_size = max(1, min(DECODE_MAX_BATCH, DECODE_BATCH_TOKENS // (max(beam_size, 1) * max(longest, 1))))
     results = [[] if n_best else ""] * len(texts)
     for start in range(0, len(order), batch_size):
         chunk = [i for i in order[start : start + batch_size] if len(ids[i])]
