@@ -138,3 +138,29 @@ def test_special_ids_are_checked():
         _small(pad_id=23)
     with pytest.raises(ValueError, match="must differ"):
         _small(start_id=3, end_id=3)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="a TensorFlow matter: tf.function traces a step twice when the first trace creates "
+                           "variables; Keras builds them before tracing on JAX and PyTorch")
+@pytest.mark.parametrize("build_first", [True, False])
+def test_the_training_step_is_traced_once(build_first):
+    model = kt.models.Transformer(vocab_size=40, num_layers=1, d_model=16, num_heads=2, d_ff=32)
+    if build_first:
+        model.build()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[kt.metrics.MaskedAccuracy()])
+    if not build_first:
+        model.build()
+    traces = []
+    step = model.train_step
+
+    def counted(*args):
+        traces.append(1)
+        return step(*args)
+
+    model.train_step = counted
+    ids = np.random.default_rng(0).integers(4, 40, size=(16, 6)).astype("int32")
+    history = model.fit({"source_ids": ids, "target_ids": ids}, ids, batch_size=8, epochs=2, verbose=0)
+    assert len(traces) == 1
+    assert np.isfinite(history.history["loss"]).all() and "accuracy" in history.history
