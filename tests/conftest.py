@@ -91,6 +91,29 @@ _JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
 
 
 def pytest_configure(config):
+    """Per-backend settings for the session: see `_share_the_cores` and `_jax_compilation_cache`."""
+    _share_the_cores()
+    _jax_compilation_cache(config)
+
+
+def _share_the_cores():
+    """On PyTorch, each xdist worker uses its share of the cores.
+
+    PyTorch sizes its intra-op thread pool to all the cores, in every process: two workers
+    on two cores ran four busy threads, which slows PyTorch far more than the other
+    backends. The commands the tests start inherit `OMP_NUM_THREADS`.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if BACKEND != "torch" or workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _jax_compilation_cache(config):
     """On JAX, one on-disk XLA compilation cache for the whole session.
 
     Many tests compile the same programs (the same small model and batch shapes, in
