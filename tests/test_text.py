@@ -265,17 +265,23 @@ def test_dataset_teacher_forcing_and_token_budget():
     texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
     tok = Tokenizer.build(texts, vocab_size=400, min_frequency=2)
     ds = make_dataset(corpus.train, tok, batch_tokens=512, max_length=32, shuffle=False, seed=0)
-    seen = 0
+    lengths = bucket_lengths(32)
+    seen, shorter_targets = 0, 0
     for inputs, labels in ds:
         src, dec, lab = inputs["source_ids"].numpy(), inputs["target_ids"].numpy(), labels.numpy()
-        assert src.shape[1] == dec.shape[1] == lab.shape[1] in bucket_lengths(32)
-        assert src.shape[0] * src.shape[1] <= 512
+        assert dec.shape == lab.shape and src.shape[0] == lab.shape[0]
+        # Each side padded to the shortest bucket length that holds its longest row.
+        for ids, longest in ((src, (src != PAD_ID).sum(1).max()), (lab, (lab != PAD_ID).sum(1).max())):
+            assert ids.shape[1] == min(n for n in lengths if n >= longest), (ids.shape, longest)
+        assert src.shape[0] * max(src.shape[1], lab.shape[1]) <= 512  # the budget holds on both sides
+        shorter_targets += lab.shape[1] < src.shape[1]
         assert (dec[:, 0] == START_ID).all()
         for d, l in zip(dec, lab):
             n = int((l != PAD_ID).sum())
             assert l[n - 1] == END_ID and (d[1:n] == l[: n - 1]).all() and (d[n:] == PAD_ID).all()
         seen += src.shape[0]
     assert seen == 1000  # nothing longer than 32 tokens in this corpus, nothing dropped
+    assert shorter_targets > 0  # German number words are a few pieces, their English sources many
 
 
 def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):

@@ -43,17 +43,22 @@ def make_dataset(
 ) -> tf.data.Dataset:
     """Batches of `({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T))`, int32.
 
+    Pairs are grouped by their longer side into buckets of `bucket_lengths(max_length)`;
+    in a batch, each side is padded to the shortest bucket length that holds its longest
+    sequence, so `S` and `T` are bucket lengths and may differ.
+
     Args:
         pairs: `(source, target)` sentence pairs.
         tokenizer: A `Tokenizer` shared by both sides.
-        batch_tokens: Token budget per batch and side: a batch padded to length L
-            holds `batch_tokens // L` pairs. Defaults to `4096`.
+        batch_tokens: Token budget per batch and side: a bucket of length L makes
+            batches of `batch_tokens // L` pairs, and neither side is padded beyond L.
+            Defaults to `4096`.
         max_length: Pairs whose source, or target plus one special token, is longer
             are dropped. Defaults to `64`.
         shuffle: Shuffle the pairs (again at every pass). Defaults to `True`.
         repeat: Repeat forever (train by steps). Defaults to `False`.
         drop_remainder: Drop each bucket's last incomplete batch, so every batch of a
-            bucket has the same shape. Defaults to `False`.
+            bucket has the same number of pairs. Defaults to `False`.
         seed: Shuffle seed. Defaults to `0`.
     """
     if not pairs:
@@ -107,14 +112,17 @@ def make_dataset(
     )
 
     def pad_to_bucket(src, decoder_input, labels):
-        # Pad both sides to the bucket's length: one shape per bucket and batch size.
-        length = tf.maximum(tf.shape(src)[1], tf.shape(labels)[1])
-        target = tf.gather(tf.constant(lengths), tf.reduce_min(tf.where(tf.constant(lengths) >= length)))
+        # Each side to the shortest bucket length that holds its longest sequence: a
+        # source and a target of different lengths (numbers: about 11 and 4 tokens) are
+        # not both padded to the longer one, which would make the decoder, the larger
+        # half of the model, run mostly on padding. A few shapes per batch size.
+        def pad(x, length):
+            bucket = tf.gather(tf.constant(lengths), tf.reduce_min(tf.where(tf.constant(lengths) >= length)))
+            return tf.pad(x, [[0, 0], [0, bucket - tf.shape(x)[1]]], constant_values=pad_id)
 
-        def pad(x):
-            return tf.pad(x, [[0, 0], [0, target - tf.shape(x)[1]]], constant_values=pad_id)
-
-        return {"source_ids": pad(src), "target_ids": pad(decoder_input)}, pad(labels)
+        target_length = tf.shape(labels)[1]
+        return ({"source_ids": pad(src, tf.shape(src)[1]), "target_ids": pad(decoder_input, target_length)},
+                pad(labels, target_length))
 
     ds = ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
     if not repeat:
