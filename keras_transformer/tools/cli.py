@@ -346,8 +346,8 @@ def _demo_parser(sub) -> None:
                     "it with plain tf.saved_model.load and translate held-out numbers.",
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
-    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score (at most 500 of them "
-                        "are also checked during training).")
+    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score "
+                        "(and as many validation sentences, at most 1,000, checked during training).")
     p.add_argument("--steps", type=_at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
@@ -370,14 +370,16 @@ def _run_demo(args) -> int:
 
     start = time.time()
     out = pathlib.Path(args.output_dir)
-    # Train only as long as the task needs: check 500 validation numbers (greedy) every 50
-    # steps, stop at 99.5% exact match, and keep the model that reached it.
+    # Train only as long as the task needs: check the 1,000 validation numbers (greedy,
+    # 0.4 s) every 50 steps, stop at 99.5% exact match, and keep the model that reached it.
+    # 500 were a noisy check: a run stopped at 99.6% of 500 whose model got 98.6% of all
+    # 1,000 and 98.6% of the held-out numbers.
     # WordPiece: the numbers have no punctuation to lose, and it learned them faster
     # (99.4% exact after 900 steps; SentencePiece 98.7% after 1,250, TensorFlow, seed 0).
     # Half the learning rate, peaking at step 200 (the full rate with warm-up 400 sat at
     # 93-98% from step 250 to 850): 99.6% at step 450, held-out 99.40% with beam 4.
     # Stopping at 99% (step 350) gave 98.2% held-out: 500 numbers are a noisy check.
-    config = TrainConfig(steps_per_epoch=50, validate_translations=min(500, args.eval_size),
+    config = TrainConfig(steps_per_epoch=50, validate_translations=min(1000, args.eval_size),
                          stop_at_exact_match=DEMO_TARGET, average_checkpoints=1, tokenizer="wordpiece",
                          learning_rate_scale=0.5, warmup_steps=200)
     if args.steps:
