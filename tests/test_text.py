@@ -299,3 +299,31 @@ def test_a_corpus_reversed_swaps_every_pair_and_keeps_the_splits():
         assert getattr(back, split) == [(t, s) for s, t in getattr(corpus, split)]
     assert back.skipped_empty == corpus.skipped_empty and back.description.endswith("reversed")
     assert back.reversed().train == corpus.train
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_default_decode_batches_keep_the_token_budget_and_the_row_cap(tokenizer, beam_size):
+    from keras_transformer.defaults import DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, MAX_EXTRA_LENGTH
+    from keras_transformer.tools import evaluation
+
+    class Recorder:
+        """Stands in for a model: records each batch and returns [END] for every row."""
+        vocab_size, pad_id = tokenizer.vocab_size, tokenizer.pad_id
+        start_id, end_id = tokenizer.start_id, tokenizer.end_id
+        shapes = []
+
+        def translate(self, source, beam_size, length_penalty, max_extra_length):
+            self.shapes.append(source.shape)
+            return np.full((len(source), 1), self.end_id, "int32")
+
+    model = Recorder()
+    texts = [UNICODE[i % len(UNICODE)] for i in range(1000)]
+    assert evaluation.translate_texts(model, tokenizer, texts, beam_size=beam_size) == [""] * 1000
+    assert sum(rows for rows, _ in model.shapes) == 1000
+    widths = {width for _, width in model.shapes}
+    rows = max(rows for rows, _ in model.shapes)
+    # A batch decodes until its last row ends: greedy search is capped by rows, beam search by tokens.
+    assert rows <= DECODE_MAX_BATCH and all(w % 8 == 0 for w in widths)
+    assert rows * beam_size * (max(widths) + MAX_EXTRA_LENGTH) <= DECODE_BATCH_TOKENS
+    by_tokens = DECODE_BATCH_TOKENS // (beam_size * (max(widths) + MAX_EXTRA_LENGTH))
+    assert rows == (DECODE_MAX_BATCH if beam_size == 1 else by_tokens)

@@ -354,7 +354,7 @@ def _demo_parser(sub) -> None:
     p.set_defaults(handler=_run_demo)
 
 
-DEMO_TARGET = 0.995  # validation exact match (greedy, 500 numbers) at which the demo stops training
+DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training
 
 
 def _run_demo(args) -> int:
