@@ -108,9 +108,10 @@ def test_missing_or_broken_checkpoint_exits_2(tmp_path, capsys):
     assert "is not a Keras model file" in err and err.count("error:") == 1
 
 
-def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",)):
+def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",), env_set=None):
     """The installed command's code path (`keras_transformer_cli.main`) in a child process."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    env.update(env_set or {})
     return subprocess.run([sys.executable, "-c", "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main())",
                            *args], input=stdin, capture_output=True, timeout=300, env=env)
 
@@ -121,9 +122,32 @@ def test_the_command_line_is_quiet_and_reads_any_line_ending(demo):
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.decode().splitlines()) == 3  # \r\n, \r and \n all end a line
     # No TensorFlow / XLA start-up lines (CUDA probing on a CPU-only machine) unless asked for.
-    noise = [line for line in result.stderr.decode().splitlines()
-             if re.match(r"^([IWE]0000|WARNING: All log|To enable the following instructions)", line)]
-    assert noise == [], noise
+    assert _noise(result.stderr) == [], _noise(result.stderr)
+    # A user's TF_CPP_MIN_LOG_LEVEL=2 (as in CI) asks for quiet too; the error is one line.
+    result = _console("evaluate", "--run-dir", str(demo / "nowhere"), env_set={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 2 and _noise(result.stderr) == [], result.stderr.decode()[-2000:]
+    assert result.stderr.decode().strip().splitlines()[-1].startswith("keras-transformer evaluate: error: ")
+
+
+def _noise(stderr):
+    return [line for line in stderr.decode().splitlines()
+            if re.match(r"^([IWE]0000|WARNING: All log|To enable the following instructions)", line)]
+
+
+def test_start_up_lines_follow_the_users_log_level():
+    info = "I0000 00:00:1796162158.346437   11380 cudart_stub.cc:31] Could not find cuda drivers on your machine"
+    error = "E0000 00:00:1796162158.3 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error"
+    warning = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+    cpu = "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow"
+    own = ["Epoch 1/3", "keras-transformer train: error: --steps must be >= 1; got 0"]
+    lines = [info, error, warning, cpu, *own]
+
+    def kept(level):
+        return [line for line in lines if not cli._is_start_up_noise(line, level)]
+
+    assert kept(0) == lines
+    assert kept(1) == [error, warning, *own]
+    assert kept(2) == kept(3) == own
 
 
 def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path):

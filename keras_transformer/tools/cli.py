@@ -509,10 +509,19 @@ def main(argv=None) -> int:
 
 # Lines that TensorFlow's and XLA's C++ code writes to the standard error stream while it
 # loads, before any logging level applies: CPU feature notes, CUDA probing on a machine
-# without a GPU ("failed call to cuInit"). Not errors of the user's command.
-_START_UP_NOISE = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWE]0000 |To enable the following instructions: )"
+# without a GPU ("failed call to cuInit"). Not errors of the user's command. Each with
+# the TF_CPP_MIN_LOG_LEVEL that hides it: 1 info, 2 warnings and the errors of CUDA
+# probing (a user who asks for quiet gets it on a machine without a GPU).
+_START_UP_NOISE = (
+    (re.compile(r"^I0000 |^To enable the following instructions: "), 1),
+    (re.compile(r"^[WE]0000 |^WARNING: All log messages before absl::InitializeLog\(\)"), 2),
 )
+
+
+def _is_start_up_noise(line: str, level: int = 3) -> bool:
+    """Whether `line` is one of TensorFlow's start-up lines that `TF_CPP_MIN_LOG_LEVEL=level`
+    hides (see `_START_UP_NOISE`)."""
+    return any(pattern.match(line) and level >= hidden_at for pattern, hidden_at in _START_UP_NOISE)
 
 
 @contextlib.contextmanager
@@ -521,12 +530,20 @@ def quiet_backend_start(enabled: bool = True):
 
     The C++ libraries write to file descriptor 2 directly, so the descriptor is pointed at
     a temporary file for the duration and what it caught is written back afterwards, less
-    the start-up noise. Off with `-v` or when the user set `TF_CPP_MIN_LOG_LEVEL`.
+    the start-up noise. Off with `-v`. A `TF_CPP_MIN_LOG_LEVEL` of the user's is applied to
+    these lines (`0` shows them all, `1` hides the information lines, `2` and `3` all of
+    them); unset, it is `3`.
     """
-    if not enabled or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+    if not enabled:
         yield
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    try:
+        level = int(os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3"))
+    except ValueError:
+        level = 0
+    if level <= 0:
+        yield
+        return
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:
@@ -544,7 +561,7 @@ def quiet_backend_start(enabled: bool = True):
             os.close(saved)
             caught.seek(0)
             for line in caught.read().decode("utf-8", "replace").splitlines(keepends=True):
-                if not _START_UP_NOISE.match(line):
+                if not _is_start_up_noise(line, level):
                     sys.stderr.write(line)
 
 
