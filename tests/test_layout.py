@@ -39,3 +39,23 @@ def test_the_searches_reach_into_no_model_and_ids_are_written_once():
     literal = re.compile(r"\b(pad_id|start_id|end_id|beam_size|length_penalty|max_extra_length)(: \w+)? = \d")
     offenders = [f"{p.relative_to(PACKAGE)}:{m.group(0)}" for p, text in sources.items() for m in literal.finditer(text)]
     assert offenders == [], offenders
+
+
+def test_an_editable_install_builds_without_warnings(tmp_path):
+    # The PEP 660 hook that `pip install -e .` calls, with this environment's setuptools;
+    # pip shows the warnings it emits (e.g. the one about folders that shadow the package).
+    code = """
+import sys, warnings
+from setuptools import build_meta
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    name = build_meta.build_editable(sys.argv[1])
+print(name)
+print([f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught])
+"""
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                            cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    name, warnings = result.stdout.strip().splitlines()[-2:]
+    assert name.startswith("keras_transformer-") and name.endswith(".whl")
+    assert warnings == "[]", warnings
