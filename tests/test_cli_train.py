@@ -124,12 +124,33 @@ def test_different_config_in_output_dir_is_refused(tmp_path, capsys):
     assert json.loads((tmp_path / "config.json").read_text()) == {"preset": "base"}
 
 
-def test_exit_status_from_the_console_script(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir", str(tmp_path), "--vocab-size", "3"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 2 and "--vocab-size must be >= 5" in result.stderr
+# The installed command's code path; prints which backends were imported when it ended.
+LAUNCHER = """
+import sys, keras_transformer_cli
+status = keras_transformer_cli.main(sys.argv[1:])
+print(sorted(m for m in ("tensorflow", "jax", "torch", "keras") if m in sys.modules))
+sys.exit(status)
+"""
+
+
+def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for argv, message in (
+        (["train", "--output-dir", str(tmp_path / "run"), "--vocab-size", "3"], "--vocab-size must be >= 5"),
+        (["train", "--steps", "10", "--steps-per-epoch", "5", "--early-stopping", "2", "--validate-translations", "0"],
+         "--early-stopping needs --validate-translations N > 0"),
+        (["evaluate", "--source-file", str(a_file)], "--source-file and --target-file must be given together"),
+        (["evaluate", "--hypotheses", str(tmp_path)], "is a directory; give a file name"),
+        (["translate", "--beam-size", "2", "--n-best", "3", "seven"], "--n-best 3 is more than the --beam-size 2"),
+        (["translate", "--input", str(a_file), "seven"], "give TEXT arguments or --input FILE, not both"),
+        (["export", "--output", str(a_file)], "is a file; give a directory for the SavedModel"),
+    ):
+        result = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, (argv, result.stderr[-2000:])
+        assert message in result.stderr and result.stderr.count("error:") == 1, (argv, result.stderr)
+        assert result.stdout.strip() == "[]", (argv, result.stdout)  # no backend, not even Keras, was imported
+    assert not (tmp_path / "run").exists() and a_file.read_text() == "mine"
 
 
 # Runs the command in a child that kills itself (SIGKILL) just before the `nth` atomic

@@ -113,19 +113,24 @@ def _train_parser(sub) -> None:
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
-    p.set_defaults(handler=_run_train)
+    p.set_defaults(handler=_run_train, check=_check_train)
 
 
-def _run_train(args) -> int:
-    from keras_transformer.tools.training import train
-
+def _check_train(args) -> None:
+    """The run's settings as a `TrainConfig`, checked (`RunError` names each wrong flag), in `args.config`."""
     corpus = args.corpus or ("tsv" if args.tsv else "files" if (args.source_file or args.target_file) else "numbers")
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values.update(corpus=corpus, steps=steps)
-    config = TrainConfig(**values)
-    train(config, args.output_dir, verbose=_fit_verbosity(args))
+    args.config = TrainConfig(**values)
+    args.config.validate()
+
+
+def _run_train(args) -> int:
+    from keras_transformer.tools.training import train
+
+    train(args.config, args.output_dir, verbose=_fit_verbosity(args))
     return 0
 
 
@@ -175,7 +180,16 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--limit", type=_at_least(1), help="Only the first N sentences.")
     p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
     _decoding_flags(p)
-    p.set_defaults(handler=_run_evaluate)
+    p.set_defaults(handler=_run_evaluate, check=_check_evaluate)
+
+
+def _check_evaluate(args) -> None:
+    if bool(args.source_file) != bool(args.target_file):
+        raise RunError("--source-file and --target-file must be given together.")
+    args.hypotheses = pathlib.Path(args.hypotheses or os.path.join(
+        args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
+    if args.hypotheses.is_dir():
+        raise RunError(f"--hypotheses {args.hypotheses} is a directory; give a file name.")
 
 
 def _run_evaluate(args) -> int:
@@ -186,11 +200,7 @@ def _run_evaluate(args) -> int:
     from keras_transformer.tools.text import corpora
     from keras_transformer.tools.training import load_corpus
 
-    if bool(args.source_file) != bool(args.target_file):
-        raise RunError("--source-file and --target-file must be given together.")
-    out = pathlib.Path(args.hypotheses or os.path.join(args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
-    if out.is_dir():
-        raise RunError(f"--hypotheses {out} is a directory; give a file name.")
+    out = args.hypotheses
     model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     if args.source_file:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
@@ -236,21 +246,25 @@ def _translate_parser(sub) -> None:
                         "SCORE is log P / length penalty).")
     _run_dir_flag(p)
     _decoding_flags(p)
-    p.set_defaults(handler=_run_translate)
+    p.set_defaults(handler=_run_translate, check=_check_translate)
+
+
+def _check_translate(args) -> None:
+    if args.input and args.texts:
+        raise RunError("give TEXT arguments or --input FILE, not both")
+    if args.n_best and args.n_best > args.beam_size:
+        raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
+                       "search keeps; raise --beam-size or lower --n-best")
+    args.output = pathlib.Path(args.output) if args.output else None
+    if args.output is not None and args.output.is_dir():
+        raise RunError(f"--output {args.output} is a directory, not a file")
 
 
 def _run_translate(args) -> int:
     from keras_transformer.tools import evaluation, files
     from keras_transformer.tools.text import corpora
 
-    if args.input and args.texts:
-        raise RunError("give TEXT arguments or --input FILE, not both")
-    if args.n_best and args.n_best > args.beam_size:
-        raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
-                       "search keeps; raise --beam-size or lower --n-best")
-    output = pathlib.Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise RunError(f"--output {output} is a directory, not a file")
+    output = args.output
     if args.input:
         texts = corpora.read_lines(args.input)
     else:
@@ -299,14 +313,17 @@ def _export_parser(sub) -> None:
     _run_dir_flag(p)
     p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
     _decoding_flags(p, batch=False)
-    p.set_defaults(handler=_run_export)
+    p.set_defaults(handler=_run_export, check=_check_export)
+
+
+def _check_export(args) -> None:
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
 
 
 def _run_export(args) -> int:
     from keras_transformer.tools import evaluation, export
 
-    if os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
     model, tokenizer = evaluation.load_run(args.run_dir, args.model)
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
     print(f"SavedModel written to {args.output}")
@@ -473,9 +490,29 @@ def parse(argv=None):
     return build_parser().parse_args(argv)
 
 
+def check(args) -> int | None:
+    """Check a parsed command's settings before any backend loads (values that depend on
+    each other, output paths that are taken): `None` when they are good, else 2 after one
+    `error:` line. `run` checks too; the installed command checks first, so that such a
+    mistake is reported in a fraction of a second."""
+    checker = getattr(args, "check", None)
+    if checker is None or getattr(args, "checked", False):
+        return None
+    try:
+        checker(args)
+    except RunError as e:
+        print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    args.checked = True
+    return None
+
+
 def run(args) -> int:
     """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
     the input, 1 with a traceback for anything unexpected."""
+    status = check(args)
+    if status is not None:
+        return status
     if getattr(args, "claims_argv", None) is not None:
         import importlib
 
