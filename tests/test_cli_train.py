@@ -265,6 +265,9 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     assert calls == [6, 6]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 8 and metrics["stopped_early"] is True
+    # With an exact-match target the best epoch is ranked by exact match, not BLEU.
+    assert metrics["best_epoch"] == 2 and metrics["best_val_exact_match"] == 1.0 and "best_val_bleu" not in metrics
+    assert json.loads((tmp_path / "best" / "best.json").read_text())["metric"] == "exact_match"
     with open(tmp_path / "log.csv") as f:
         rows = list(csv.DictReader(f))
     assert [float(r["val_exact_match"]) for r in rows] == [0.0, 1.0]

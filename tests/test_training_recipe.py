@@ -95,6 +95,26 @@ def test_checkpoint_averager_averages_the_last_k(tmp_path):
         np.testing.assert_allclose(to_numpy(w), (a + b + c) / 3, atol=1e-6)
 
 
+@pytest.mark.parametrize("metric, best_epoch", [("bleu", 1), ("exact_match", 2), ("chrf", 2)])
+def test_best_checkpoints_rank_epochs_by_the_chosen_score(tmp_path, metric, best_epoch):
+    # Epoch 1: wrong translations of several words (some BLEU); epoch 2: nearly every
+    # one-word reference exact (word BLEU 0, as sacreBLEU scores a one-word sentence).
+    logs = [dict(val_bleu=12.0, val_chrf=30.0, val_exact_match=0.0),
+            dict(val_bleu=0.0, val_chrf=95.0, val_exact_match=0.9)]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    best = kt_callbacks.BestCheckpoints(tmp_path, metric=metric)
+    best.set_model(model)
+    for epoch, epoch_logs in enumerate(logs):
+        best.on_epoch_end(epoch, epoch_logs)
+    assert best.ranked()[0] == best_epoch
+    assert [p.name for p in best.checkpoints()] == [f"checkpoint_{best_epoch:06d}.npz"]
+    assert best.scores()[2][0] == logs[1][f"val_{metric}"]
+    with pytest.raises(ValueError, match="`val_exact_match` in the logs"):
+        kt_callbacks.BestCheckpoints(tmp_path / "x", metric="exact_match").on_epoch_end(0, {"val_bleu": 1.0})
+    with pytest.raises(ValueError, match="`metric` must be one of"):
+        kt_callbacks.BestCheckpoints(tmp_path / "y", metric="loss")
+
+
 def test_training_state_restores_weights_optimizer_and_epoch(tmp_path):
     model = _compiled_model()
     x, y = _data()

@@ -201,11 +201,11 @@ class CheckpointAverager(_CheckpointKeeper):
 
 
 class BestCheckpoints(_CheckpointKeeper):
-    """Keeps the `num_checkpoints` best epochs by validation BLEU, and stops early.
+    """Keeps the `num_checkpoints` best epochs by a validation score, and stops early.
 
-    Reads `val_bleu` (ties broken by `val_chrf`) from the epoch's logs, so it must come
-    after `TranslationScores` in the callback list. The best epochs' weights are kept
-    as `checkpoint_{epoch:06d}.npz` in `directory`, with `best.json` holding every
+    Reads `val_{metric}` (ties broken by `val_chrf`) from the epoch's logs, so it must
+    come after `TranslationScores` in the callback list. The best epochs' weights are
+    kept as `checkpoint_{epoch:06d}.npz` in `directory`, with `best.json` holding every
     epoch's scores; with `patience`, training stops after `patience` epochs in a row
     without a new best. Everything it needs lives in `directory`, so a resumed run
     goes on counting where the killed one was.
@@ -214,16 +214,24 @@ class BestCheckpoints(_CheckpointKeeper):
         directory: Where the best checkpoints and `best.json` live.
         num_checkpoints: How many of the best to keep. Defaults to `1`.
         patience: Epochs without improvement before stopping. Defaults to `None` (never).
+        metric: `"bleu"` (the paper's choice, the default), `"chrf"` or `"exact_match"`.
+            Word BLEU says nothing about one-word references (it is 0 for a perfect
+            one-word translation, and above 0 for a wrong translation of several words):
+            rank a task like that by exact match.
     """
 
     RECORD = "best.json"
+    METRICS = ("bleu", "chrf", "exact_match")
 
-    def __init__(self, directory, num_checkpoints: int = 1, patience: int | None = None):
+    def __init__(self, directory, num_checkpoints: int = 1, patience: int | None = None, metric: str = "bleu"):
         super().__init__(directory, num_checkpoints)
+        if metric not in self.METRICS:
+            raise ValueError(f"`metric` must be one of {self.METRICS}. Received: metric={metric!r}")
         self.patience = patience
+        self.metric = metric
 
     def scores(self) -> dict[int, tuple[float, float]]:
-        """`{epoch: (val_bleu, val_chrf)}` for every epoch scored so far (epochs count from 1)."""
+        """`{epoch: (val_{metric}, val_chrf)}` for every epoch scored so far (epochs count from 1)."""
         path = self.directory / self.RECORD
         if not path.is_file():
             return {}
@@ -241,15 +249,16 @@ class BestCheckpoints(_CheckpointKeeper):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
-        if "val_bleu" not in logs:
-            raise ValueError("BestCheckpoints needs `val_bleu` in the logs: put TranslationScores before it.")
+        name = f"val_{self.metric}"
+        if name not in logs:
+            raise ValueError(f"BestCheckpoints needs `{name}` in the logs: put TranslationScores before it.")
         scores = self.scores()
-        scores[epoch + 1] = (float(logs["val_bleu"]), float(logs.get("val_chrf", 0.0)))
+        scores[epoch + 1] = (float(logs[name]), float(logs.get("val_chrf", 0.0)))
         keep = self.ranked(scores)[: self.num_checkpoints]
         if epoch + 1 in keep:
             self._save(epoch + 1)
         files.write_json(self.directory / self.RECORD, {"scores": {str(e): list(v) for e, v in sorted(scores.items())},
-                                                        "best_epoch": keep[0]})
+                                                        "best_epoch": keep[0], "metric": self.metric})
         for path in self.directory.glob("checkpoint_*.npz"):
             if int(path.stem.split("_")[1]) not in keep:
                 path.unlink()

@@ -108,7 +108,8 @@ def _train_parser(sub) -> None:
                         "scales the loss). Saved with the run: resume, evaluate and export use it.")
     t.add_argument("--stop-at-exact-match", type=float, metavar="SHARE",
                    help="Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. "
-                        "Needs --validate-translations.")
+                        "Needs --validate-translations. Epochs are then ranked by exact match, not BLEU "
+                        "(best/, --early-stopping, --average-from best).")
     t.add_argument("--seed", type=int, default=d.seed, help="Random seed (data order, initialisation).")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")

@@ -119,6 +119,13 @@ class TrainConfig:
                 config[key] = getattr(self, key)
         return config
 
+    def best_metric(self) -> str:
+        """The validation score that ranks epochs for `best/`, `--early-stopping` and
+        `--average-from best`: exact match when the run stops at an exact-match target
+        (its goal, and the one score that means something for one-word references), else
+        BLEU."""
+        return "exact_match" if self.stop_at_exact_match is not None else "bleu"
+
     def effective_warmup(self) -> int:
         if self.warmup_steps is not None:
             return self.warmup_steps

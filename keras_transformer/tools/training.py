@@ -211,7 +211,8 @@ def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
     if target is not None and float(last.get("val_exact_match") or 0) >= target:
         return f"validation exact match reached {round(target * 100, 4):g}%"
     if best is not None and best.patience_exhausted():
-        return f"validation BLEU did not improve for {config.early_stopping} epochs"
+        name = {"bleu": "BLEU", "chrf": "chrF", "exact_match": "exact match"}[best.metric]
+        return f"validation {name} did not improve for {config.early_stopping} epochs"
     return "a callback asked to stop"
 
 
@@ -290,7 +291,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         ))
         best = kt_callbacks.BestCheckpoints(
             output_dir / "best", config.average_checkpoints if config.average_from == "best" else 1,
-            patience=config.early_stopping,
+            patience=config.early_stopping, metric=config.best_metric(),
         )
         callbacks.append(best)
     last = kt_callbacks.CheckpointAverager(
@@ -338,8 +339,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
     if best is not None and best.scores():
         best_epoch = best.ranked()[0]
         # A run stopped mid-epoch by a callback ends at `steps`, not at the epoch's end.
-        metrics.update(best_epoch=best_epoch, best_step=min(best_epoch * config.steps_per_epoch, steps),
-                       best_val_bleu=best.scores()[best_epoch][0])
+        metrics.update({"best_epoch": best_epoch, "best_step": min(best_epoch * config.steps_per_epoch, steps),
+                        f"best_val_{best.metric}": best.scores()[best_epoch][0]})
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         metrics["stopped_early"] = True
         print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir, best)}", flush=True)
