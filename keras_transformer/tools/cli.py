@@ -491,6 +491,11 @@ def parse(argv=None):
     return build_parser().parse_args(argv)
 
 
+def _print_error(args, error) -> None:
+    """A mistake in the input: one `keras-transformer COMMAND: error: ...` line on stderr."""
+    print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
+
+
 def check(args) -> int | None:
     """Check a parsed command's settings before any backend loads (values that depend on
     each other, output paths that are taken): `None` when they are good, else 2 after one
@@ -502,7 +507,7 @@ def check(args) -> int | None:
     try:
         checker(args)
     except RunError as e:
-        print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
+        _print_error(args, e)
         return 2
     args.checked = True
     return None
@@ -525,7 +530,7 @@ def run(args) -> int:
             from keras_transformer.tools.evaluation import RunDirError
         return args.handler(args)
     except (RunError, RunDirError, CorpusError) as e:
-        print(f"keras-transformer {args.command}: error: {e}", file=sys.stderr)
+        _print_error(args, e)
         return 2
     except KeyboardInterrupt:
         print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
