@@ -17,7 +17,7 @@ from tests.conftest import BACKEND
 def demo(tmp_path_factory):
     """The demo end to end, shortened: train, beam-search evaluation, export, reload."""
     out = tmp_path_factory.mktemp("demo")
-    code = cli.main(["demo", "--output-dir", str(out), "--steps", "50", "--train-size", "1500",
+    code = cli.main(["demo", "--output-dir", str(out), "--steps", "10", "--train-size", "1500",
                      "--eval-size", "16", "--quiet"])
     assert code == 0
     return out
