@@ -136,6 +136,9 @@ sys.exit(status)
 def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "model.keras").write_text("")
     for argv, message in (
         (["train", "--output-dir", str(tmp_path / "run"), "--vocab-size", "3"], "--vocab-size must be >= 5"),
         (["train", "--steps", "10", "--steps-per-epoch", "5", "--early-stopping", "2", "--validate-translations", "0"],
@@ -145,6 +148,10 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
         (["translate", "--beam-size", "2", "--n-best", "3", "seven"], "--n-best 3 is more than the --beam-size 2"),
         (["translate", "--input", str(a_file), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["export", "--output", str(a_file)], "is a file; give a directory for the SavedModel"),
+        # A run directory, or the model it should hold, that is not there.
+        (["evaluate", "--run-dir", str(tmp_path / "nowhere")], "No run directory at"),
+        (["translate", "--run-dir", str(tmp_path), "seven"], "No model at"),
+        (["export", "--run-dir", str(unfinished), "--model", "best"], "No best model at"),
     ):
         result = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2, (argv, result.stderr[-2000:])

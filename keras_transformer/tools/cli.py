@@ -19,6 +19,7 @@ import tempfile
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, PRESETS
 from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.files import RunDirError, run_model_file
 
 
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -191,6 +192,7 @@ def _check_evaluate(args) -> None:
         args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
     if args.hypotheses.is_dir():
         raise RunError(f"--hypotheses {args.hypotheses} is a directory; give a file name.")
+    run_model_file(args.run_dir, args.model)
 
 
 def _run_evaluate(args) -> int:
@@ -259,6 +261,7 @@ def _check_translate(args) -> None:
     args.output = pathlib.Path(args.output) if args.output else None
     if args.output is not None and args.output.is_dir():
         raise RunError(f"--output {args.output} is a directory, not a file")
+    run_model_file(args.run_dir, args.model)
 
 
 def _run_translate(args) -> int:
@@ -320,6 +323,7 @@ def _export_parser(sub) -> None:
 def _check_export(args) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
+    run_model_file(args.run_dir, args.model)
 
 
 def _run_export(args) -> int:
@@ -506,7 +510,7 @@ def check(args) -> int | None:
         return None
     try:
         checker(args)
-    except RunError as e:
+    except (RunError, RunDirError) as e:
         _print_error(args, e)
         return 2
     args.checked = True
@@ -527,7 +531,7 @@ def run(args) -> int:
 
     try:
         with quiet_backend_start(enabled=not args.verbose):
-            from keras_transformer.tools.evaluation import RunDirError
+            pass  # TensorFlow (the data pipeline's) loads here, its start-up lines filtered
         return args.handler(args)
     except (RunError, RunDirError, CorpusError) as e:
         _print_error(args, e)

@@ -11,10 +11,7 @@ import numpy as np
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
                                         MAX_EXTRA_LENGTH)
 from keras_transformer.tools import files
-
-
-class RunDirError(ValueError):
-    """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
+from keras_transformer.tools.files import RunDirError
 
 
 def load_run(run_dir, model: str = "final"):
@@ -23,23 +20,13 @@ def load_run(run_dir, model: str = "final"):
     Args:
         run_dir: A directory written by `train`.
         model: `"final"` (`model.keras`, the averaged checkpoints) or `"best"`
-            (`best/model.keras`, the epoch with the best validation BLEU).
+            (`best/model.keras`, the best epoch by the run's validation score).
     """
-    run_dir = pathlib.Path(run_dir)
-    if model not in ("final", "best"):
-        raise ValueError(f"`model` must be 'final' or 'best'. Received: model={model!r}")
-    model_file = run_dir / "model.keras" if model == "final" else run_dir / "best" / "model.keras"
-    if not run_dir.is_dir():
-        raise RunDirError(f"No run directory at {run_dir}.")
-    if model == "best" and not model_file.is_file():
-        raise RunDirError(f"No best model at {model_file}: only runs trained with --validate-translations keep one.")
-    return load_model_file(model_file), _load_tokenizer(run_dir / "tokenizer")
+    return load_model_file(files.run_model_file(run_dir, model)), _load_tokenizer(pathlib.Path(run_dir) / "tokenizer")
 
 
 def load_model_file(model_file):
-    model_file = pathlib.Path(model_file)
-    if not model_file.is_file():
-        raise RunDirError(f"No model at {model_file} (train first, or give a run directory that finished).")
+    """The Transformer saved in `model_file` (one that exists: see `files.run_model_file`)."""
     try:
         model = keras.saving.load_model(model_file)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same message

@@ -1,4 +1,6 @@
-"""Atomic writes: the one way the tools write a file or directory that must never be
+"""Files of the tools: atomic writes, and where a run directory keeps its model.
+
+Atomic writes are the one way the tools write a file or directory that must never be
 seen half-written (everything a run directory needs to resume, and every result).
 
 The content goes to a temporary name beside the target (`name.tmp.ext`, so that writers
@@ -14,6 +16,36 @@ import json
 import os
 import pathlib
 import shutil
+
+
+class RunDirError(ValueError):
+    """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
+
+
+def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
+    """The model file of a run directory written by `train`, checked to exist.
+
+    Needs no backend, so the command line reports a wrong `--run-dir` before one loads.
+
+    Args:
+        run_dir: A directory written by `train`.
+        model: `"final"` (`model.keras`, the averaged checkpoints) or `"best"`
+            (`best/model.keras`, the best epoch by the run's validation score).
+
+    Raises:
+        RunDirError: The directory or the model file is missing.
+    """
+    run_dir = pathlib.Path(run_dir)
+    if model not in ("final", "best"):
+        raise ValueError(f"`model` must be 'final' or 'best'. Received: model={model!r}")
+    model_file = run_dir / "model.keras" if model == "final" else run_dir / "best" / "model.keras"
+    if not run_dir.is_dir():
+        raise RunDirError(f"No run directory at {run_dir}.")
+    if model == "best" and not model_file.is_file():
+        raise RunDirError(f"No best model at {model_file}: only runs trained with --validate-translations keep one.")
+    if not model_file.is_file():
+        raise RunDirError(f"No model at {model_file} (train first, or give a run directory that finished).")
+    return model_file
 
 
 def temporary_path(path) -> pathlib.Path:
