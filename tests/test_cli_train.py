@@ -260,6 +260,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
         calls.append(len(texts))
         return [TRANSLATIONS[t] if len(calls) >= 2 else "" for t in texts]
 
+    from keras_transformer.tools import training
     from keras_transformer.tools.training import load_corpus
     from keras_transformer.tools.config import TrainConfig
 
@@ -279,10 +280,17 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
         rows = list(csv.DictReader(f))
     assert [float(r["val_exact_match"]) for r in rows] == [0.0, 1.0]
     assert float(rows[1]["val_chrf"]) == 100.0
-    # The same command again: the run is complete at its target, so nothing more is trained.
+    # The same command again: the run is complete at its target, so nothing more is trained,
+    # and nothing is rebuilt or rewritten: its saved metrics are the answer.
+    before = _snapshot(tmp_path)
     assert _run(tmp_path, *args) == 0
-    assert "resuming" in capsys.readouterr().out
-    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8
+    assert "holds this run, finished at step 8 of 20: nothing left to train" in capsys.readouterr().out
+    assert _snapshot(tmp_path) == before
+    # Killed while finishing, before the metrics (written last) were in place, it is not
+    # finished: the same command resumes it (test_killed_at_any_moment... runs that case).
+    (tmp_path / "metrics.json").unlink()
+    assert training._finished_metrics(TrainConfig(**json.loads((tmp_path / "config.json").read_text())),
+                                      tmp_path) is None
 
 
 def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):

@@ -125,6 +125,15 @@ class TrainingState(keras.callbacks.Callback):
         _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped), **arrays)
 
     @classmethod
+    def epochs_done(cls, directory) -> int:
+        """The epochs the saved state has finished (0 if there is none)."""
+        path = pathlib.Path(directory) / cls.FILENAME
+        if not path.is_file():
+            return 0
+        with np.load(path) as data:
+            return int(data["epochs_done"])
+
+    @classmethod
     def stopped(cls, directory) -> bool:
         """Whether the saved run was stopped by a callback before its last epoch."""
         path = pathlib.Path(directory) / cls.FILENAME

@@ -157,6 +157,9 @@ def build_model(config: TrainConfig, tokenizer) -> Transformer:
 def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callbacks=()) -> dict:
     """Run (or resume) training; return the test metrics. Raises `RunError` on bad input.
 
+    A run that has already finished in `output_dir` is not loaded again: its saved test
+    metrics are returned at once.
+
     `corpus` is the config's corpus when the caller has already loaded it. `callbacks`
     are more Keras callbacks, run after the run's own loggers and checkpoints and before
     the resumption state is saved (a stop they ask for is saved with it).
@@ -168,6 +171,15 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     check_mixed_precision(config.mixed_precision)
     output_dir = pathlib.Path(output_dir)
     resuming = check_output_dir(output_dir, config)
+    busy = RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
+    if resuming:
+        with files.lock(output_dir / "train.lock", busy):
+            finished = _finished_metrics(config, output_dir)
+        if finished is not None:
+            print(f"{output_dir} holds this run, finished at step {finished['steps']} of {config.steps}: "
+                  "nothing left to train. Its test metrics:", flush=True)
+            print(json.dumps(finished), flush=True)
+            return finished
     if corpus is None:
         corpus = load_corpus(config)
     print(corpus.summary(), flush=True)
@@ -190,7 +202,6 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     print(data["summary"], flush=True)
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    busy = RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
     with files.lock(output_dir / "train.lock", busy):
         if not resuming:
             files.write_json(output_dir / "config.json", dataclasses.asdict(config))
@@ -198,6 +209,26 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
             tokenizer.save(tokenizer_dir)
         files.write_json(output_dir / "data.json", data)
         return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks))
+
+
+def _finished_metrics(config: TrainConfig, output_dir) -> dict | None:
+    """The test metrics of a run in `output_dir` that has nothing left to do, else None.
+
+    A run is finished when its saved state has done every epoch (or was stopped by a
+    callback) and `metrics.json` is there: it is written last, after `model.keras`, so a
+    run killed while finishing is not finished and resumes to write the rest.
+    """
+    output_dir = pathlib.Path(output_dir)
+    state = output_dir / "state"
+    epochs = math.ceil(config.steps / config.steps_per_epoch)
+    if kt_callbacks.TrainingState.epochs_done(state) < epochs and not kt_callbacks.TrainingState.stopped(state):
+        return None
+    if not (output_dir / "model.keras").is_file():
+        return None
+    try:
+        return json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
