@@ -239,13 +239,19 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path):
 
 
 def test_a_second_train_on_the_same_directory_is_refused(tmp_path):
-    from keras_transformer.tools import files
+    from keras_transformer.tools import files, training
+    from keras_transformer.tools.config import RunError, TrainConfig
 
+    busy = f"another `train` is running on {tmp_path}"
     with files.lock(tmp_path / "train.lock", RuntimeError("held")):
-        result = subprocess.run([sys.executable, "-m", "keras_transformer.tools.cli", "train", "--output-dir",
-                                 str(tmp_path), *SMALL, "--steps", "10"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    assert f"another `train` is running on {tmp_path}" in result.stderr
+        # The command line finds the held lock before it loads a backend...
+        result = subprocess.run([sys.executable, "-c", LAUNCHER, "train", "--output-dir", str(tmp_path), *SMALL,
+                                 "--steps", "10"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and busy in result.stderr, result.stderr[-2000:]
+        assert result.stderr.count("error:") == 1 and result.stdout.strip() == "[]", result
+        # ... and `train` itself takes the lock before it writes anything.
+        with pytest.raises(RunError, match=re.escape(busy)):
+            training.train(TrainConfig(train_size=1500, vocab_size=300, steps=10), tmp_path, verbose=0)
     assert not (tmp_path / "config.json").exists()  # written under the lock only
 
 

@@ -18,8 +18,8 @@ import tempfile
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, PRESETS
-from keras_transformer.tools.config import RunError, TrainConfig
-from keras_transformer.tools.files import RunDirError, run_model_file
+from keras_transformer.tools.config import RunError, TrainConfig, busy_error
+from keras_transformer.tools.files import RunDirError, lock_held, run_model_file
 
 
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -127,6 +127,8 @@ def _check_train(args) -> None:
     values.update(corpus=corpus, steps=steps)
     args.config = TrainConfig(**values)
     args.config.validate()
+    if lock_held(pathlib.Path(args.output_dir) / "train.lock"):
+        raise busy_error(args.output_dir)
 
 
 def _run_train(args) -> int:

@@ -14,6 +14,11 @@ class RunError(Exception):
     """A problem found before training starts; the CLI prints it and exits with status 2."""
 
 
+def busy_error(output_dir) -> RunError:
+    """The refusal of a second `train` on a directory whose `train.lock` is held."""
+    return RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Everything that defines a run. Two runs with equal configs are the same run."""

@@ -103,6 +103,24 @@ def lock(path, busy: Exception):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def lock_held(path) -> bool:
+    """Whether another process holds the `lock` on the file `path`; a missing file is
+    not created (and not held)."""
+    import fcntl
+
+    try:
+        handle = open(path)
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def write_text(path, text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     with atomic_write(path) as tmp:

@@ -34,7 +34,7 @@ from keras_transformer.models.transformer import Transformer
 from keras_transformer.schedules import transformer_optimizer
 from keras_transformer.tools import callbacks as kt_callbacks
 from keras_transformer.tools import files
-from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.config import RunError, TrainConfig, busy_error
 
 __all__ = ["RunError", "TrainConfig", "build_model", "check_output_dir", "load_corpus", "train"]
 
@@ -171,7 +171,7 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     check_mixed_precision(config.mixed_precision)
     output_dir = pathlib.Path(output_dir)
     resuming = check_output_dir(output_dir, config)
-    busy = RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
+    busy = busy_error(output_dir)
     if resuming:
         with files.lock(output_dir / "train.lock", busy):
             finished = _finished_metrics(config, output_dir)
