@@ -108,8 +108,8 @@ def numbers_corpus(
         count = min(share, high - low + 1, wanted - len(chosen))
         if count > 0:
             chosen.update(int(n) for n in rng.choice(np.arange(low, high + 1), size=count, replace=False))
-    rest = np.setdiff1d(np.arange(100, max_number + 1), np.fromiter(chosen, int))
-    if len(chosen) < wanted:
+    if len(chosen) < wanted:  # some bands were too small: draw the rest from all numbers
+        rest = np.setdiff1d(np.arange(100, max_number + 1), np.fromiter(chosen, int))
         chosen.update(int(n) for n in rng.choice(rest, size=wanted - len(chosen), replace=False))
     numbers = rng.permutation(sorted(chosen))
     test, validation, train = (
