@@ -370,8 +370,8 @@ def _demo_parser(sub) -> None:
                     "it with plain tf.saved_model.load and translate held-out numbers.",
     )
     p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
-    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out sentences to translate and score "
-                        "(and as many validation sentences, at most 1,000, checked during training).")
+    p.add_argument("--eval-size", type=_at_least(1), default=1000, help="Held-out numbers to translate and score, "
+                        "and validation numbers checked during training (at most 1,000 each).")
     p.add_argument("--steps", type=_at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
@@ -414,12 +414,16 @@ def _run_demo(args) -> int:
     print(f"== 1/4 train the tiny preset on the numbers corpus ({keras.backend.backend()} backend) until "
           f"{round(DEMO_TARGET * 100, 4):g}% of {config.validate_translations} validation numbers translate exactly "
           f"(at most {config.steps} steps)", flush=True)
+    # With --eval-size below 1,000 (a quick look), fewer held-out numbers are checked and
+    # scored; the training pairs are the same either way.
     corpus = load_corpus(config)
+    corpus = dataclasses.replace(corpus, validation=corpus.validation[: args.eval_size],
+                                 test=corpus.test[: args.eval_size])
     t = time.time()
     metrics = train(config, out / "run", verbose=_fit_verbosity(args), corpus=corpus)
     train_seconds = time.time() - t
     model, tokenizer = evaluation.load_run(out / "run")
-    test = corpus.test[: args.eval_size]
+    test = corpus.test
     print(f"== 2/4 translate {len(test)} held-out numbers with beam search (beam 4, alpha 0.6)", flush=True)
     t = time.time()
     hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in test])
