@@ -294,9 +294,21 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     assert _snapshot(tmp_path) == before
     # Killed while finishing, before the metrics (written last) were in place, it is not
     # finished: the same command resumes it (test_killed_at_any_moment... runs that case).
-    (tmp_path / "metrics.json").unlink()
-    assert training._finished_metrics(TrainConfig(**json.loads((tmp_path / "config.json").read_text())),
-                                      tmp_path) is None
+    # So is a run whose metrics file is not one (rewritten by hand, say).
+    config = TrainConfig(**json.loads((tmp_path / "config.json").read_text()))
+    for junk in (None, b"[8]", b'{"steps": "8"}', b"\xff{"):
+        if junk is None:
+            (tmp_path / "metrics.json").unlink()
+        else:
+            (tmp_path / "metrics.json").write_bytes(junk)
+        assert training._finished_metrics(config, tmp_path) is None, junk
+    # A resumption state that is not one is one error line; nothing is lost or written.
+    (tmp_path / "state" / "state.npz").write_bytes(b"PK\x03\x04 cut short")
+    before = _snapshot(tmp_path)
+    assert _run(tmp_path, *args) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "state.npz is not a resumption state (BadZipFile" in err, err
+    assert _snapshot(tmp_path) == before
 
 
 def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):

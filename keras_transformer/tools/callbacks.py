@@ -144,14 +144,22 @@ class TrainingState(keras.callbacks.Callback):
 
     @classmethod
     def restore(cls, model: keras.Model, directory) -> int:
-        """Load the saved state into a built, compiled `model`; return the epochs done (0 if none)."""
+        """Load the saved state into a built, compiled `model`; return the epochs done (0 if none).
+
+        Raises `ValueError` if the file is not a state `TrainingState` wrote.
+        """
+        import zipfile
+
         path = pathlib.Path(directory) / cls.FILENAME
         if not path.is_file():
             return 0
-        with np.load(path) as data:
-            model_part = {k[len("model_"):]: data[k] for k in data.files if k.startswith("model_")}
-            optimizer_part = {k[len("optimizer_"):]: data[k] for k in data.files if k.startswith("optimizer_")}
-            epochs_done = int(data["epochs_done"])
+        try:
+            with np.load(path) as data:
+                model_part = {k[len("model_"):]: data[k] for k in data.files if k.startswith("model_")}
+                optimizer_part = {k[len("optimizer_"):]: data[k] for k in data.files if k.startswith("optimizer_")}
+                epochs_done = int(data["epochs_done"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{path} is not a resumption state ({type(e).__name__}: {e})") from None
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         _assign(model.weights, model_part, f"{path} (model)")

@@ -218,17 +218,23 @@ def _finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     callback) and `metrics.json` is there: it is written last, after `model.keras`, so a
     run killed while finishing is not finished and resumes to write the rest.
     """
+    import zipfile
+
     output_dir = pathlib.Path(output_dir)
     state = output_dir / "state"
     epochs = math.ceil(config.steps / config.steps_per_epoch)
-    if kt_callbacks.TrainingState.epochs_done(state) < epochs and not kt_callbacks.TrainingState.stopped(state):
-        return None
-    if not (output_dir / "model.keras").is_file():
+    try:
+        done = kt_callbacks.TrainingState.epochs_done(state)
+        stopped = kt_callbacks.TrainingState.stopped(state)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None  # a state file that is not one: resuming reports it
+    if (done < epochs and not stopped) or not (output_dir / "model.keras").is_file():
         return None
     try:
-        return json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, not UTF-8 or not JSON: the run writes it again
         return None
+    return metrics if isinstance(metrics, dict) and isinstance(metrics.get("steps"), int) else None
 
 
 def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
@@ -297,7 +303,11 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
 
     keras.utils.set_random_seed(config.seed)
     model = build_model(config, tokenizer)
-    initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
+    try:
+        initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
+    except ValueError as e:
+        raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
+                       "--output-dir.") from None
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
