@@ -125,26 +125,8 @@ class TrainingState(keras.callbacks.Callback):
         _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped), **arrays)
 
     @classmethod
-    def epochs_done(cls, directory) -> int:
-        """The epochs the saved state has finished (0 if there is none)."""
-        path = pathlib.Path(directory) / cls.FILENAME
-        if not path.is_file():
-            return 0
-        with np.load(path) as data:
-            return int(data["epochs_done"])
-
-    @classmethod
-    def stopped(cls, directory) -> bool:
-        """Whether the saved run was stopped by a callback before its last epoch."""
-        path = pathlib.Path(directory) / cls.FILENAME
-        if not path.is_file():
-            return False
-        with np.load(path) as data:
-            return "stopped" in data.files and bool(data["stopped"])
-
-    @classmethod
-    def restore(cls, model: keras.Model, directory) -> int:
-        """Load the saved state into a built, compiled `model`; return the epochs done (0 if none).
+    def _read(cls, directory, read):
+        """`read(data)` on the saved `state.npz`, or None if there is none.
 
         Raises `ValueError` if the file is not a state `TrainingState` wrote.
         """
@@ -152,14 +134,41 @@ class TrainingState(keras.callbacks.Callback):
 
         path = pathlib.Path(directory) / cls.FILENAME
         if not path.is_file():
-            return 0
+            return None
         try:
             with np.load(path) as data:
-                model_part = {k[len("model_"):]: data[k] for k in data.files if k.startswith("model_")}
-                optimizer_part = {k[len("optimizer_"):]: data[k] for k in data.files if k.startswith("optimizer_")}
-                epochs_done = int(data["epochs_done"])
+                return read(data)
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
             raise ValueError(f"{path} is not a resumption state ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def progress(cls, directory) -> tuple[int, bool]:
+        """The epochs the saved state has finished, and whether a callback stopped the run
+        there; `(0, False)` if there is no state."""
+        return cls._read(directory, lambda data: (int(data["epochs_done"]),
+                                                  "stopped" in data.files and bool(data["stopped"]))) or (0, False)
+
+    @classmethod
+    def stopped(cls, directory) -> bool:
+        """Whether the saved run was stopped by a callback before its last epoch."""
+        return cls.progress(directory)[1]
+
+    @classmethod
+    def restore(cls, model: keras.Model, directory) -> int:
+        """Load the saved state into a built, compiled `model`; return the epochs done (0 if none).
+
+        Raises `ValueError` if the file is not a state `TrainingState` wrote.
+        """
+        def read(data):
+            return ({k[len("model_"):]: data[k] for k in data.files if k.startswith("model_")},
+                    {k[len("optimizer_"):]: data[k] for k in data.files if k.startswith("optimizer_")},
+                    int(data["epochs_done"]))
+
+        saved = cls._read(directory, read)
+        if saved is None:
+            return 0
+        model_part, optimizer_part, epochs_done = saved
+        path = pathlib.Path(directory) / cls.FILENAME
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         _assign(model.weights, model_part, f"{path} (model)")

@@ -218,15 +218,11 @@ def _finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     callback) and `metrics.json` is there: it is written last, after `model.keras`, so a
     run killed while finishing is not finished and resumes to write the rest.
     """
-    import zipfile
-
     output_dir = pathlib.Path(output_dir)
-    state = output_dir / "state"
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     try:
-        done = kt_callbacks.TrainingState.epochs_done(state)
-        stopped = kt_callbacks.TrainingState.stopped(state)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        done, stopped = kt_callbacks.TrainingState.progress(output_dir / "state")
+    except ValueError:
         return None  # a state file that is not one: resuming reports it
     if (done < epochs and not stopped) or not (output_dir / "model.keras").is_file():
         return None
