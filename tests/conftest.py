@@ -83,6 +83,29 @@ def random_ids(rng, batch, length, vocab_size, pad_from=None):
     return ids.astype("int32")
 
 
+def copy_task(path, size=600):
+    """A small TSV corpus: words reversed and upper-cased. Returns the path as a string."""
+    rng = np.random.default_rng(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    lines = []
+    for _ in range(size):
+        sentence = list(rng.choice(words, size=rng.integers(2, 7)))
+        lines.append(" ".join(sentence) + "\t" + " ".join(w.upper() for w in reversed(sentence)))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory):
+    """`train` arguments of a run small enough for CI: the tiny preset's width with one
+    block, on a 1,500-pair copy task with 20 pairs held out for validation and 20 for
+    test. (The numbers corpus holds out 1,000 of each: on JAX, their evaluation shapes
+    took ~8 s of every short run.)"""
+    tsv = copy_task(tmp_path_factory.mktemp("small") / "copy.tsv", size=1500)
+    return ["--tsv", tsv, "--holdout", "20", "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "1024",
+            "--max-length", "32", "--num-layers", "1", "--quiet"]
+
+
 def pytest_report_header(config):
     return f"keras backend: {BACKEND}, keras {keras.__version__}, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')}"
 

@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 
 from keras_transformer.tools import cli
-
-# Small enough for CI: the tiny preset's width, one block, short sentences.
-SMALL = ["--train-size", "1500", "--vocab-size", "300", "--batch-tokens", "1024", "--max-length", "32",
-         "--num-layers", "1", "--quiet"]
+from tests.conftest import copy_task
 
 
-def _run(tmp_path, *args):
-    return cli.main(["train", "--output-dir", str(tmp_path), *SMALL, *args])
+def _run(out, small, *args):
+    """`train` with the `small` fixture's arguments into `out`."""
+    return cli.main(["train", "--output-dir", str(out), *small, *args])
 
 
 def _snapshot(directory):
@@ -80,7 +78,7 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys):
         assert not out.exists(), args  # nothing written before the error
 
 
-def test_bad_output_directories_are_refused_untouched(tmp_path, capsys):
+def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
     foreign = tmp_path / "notes"
@@ -88,7 +86,7 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, capsys):
     (foreign / "todo.txt").write_text("keep me")
     for out, message in ((a_file, "is a file, not a directory"), (foreign, r"not empty and holds no run \(todo.txt, x.tmp\)")):
         before = _snapshot(out) if out.is_dir() else out.read_bytes()
-        assert _run(out) == 2
+        assert _run(out, small) == 2
         assert re.search(message, capsys.readouterr().err)
         assert (_snapshot(out) if out.is_dir() else out.read_bytes()) == before
     assert (foreign / "x.tmp").is_dir()
@@ -114,10 +112,10 @@ def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     assert err.count("\n") == 1 and message in err and err.startswith(f"keras-transformer {argv[0]}: error:"), err
 
 
-def test_different_config_in_output_dir_is_refused(tmp_path, capsys):
+def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"preset": "base"}))
     (tmp_path / "precious.txt").write_text("keep me")
-    assert _run(tmp_path, "--steps", "10") == 2
+    assert _run(tmp_path, small, "--steps", "10") == 2
     err = capsys.readouterr().err
     assert "different config" in err and "preset: saved 'base', now 'tiny'" in err
     assert (tmp_path / "precious.txt").read_text() == "keep me"
@@ -181,21 +179,10 @@ sys.exit(keras_transformer_cli.main(sys.argv[3:]))
 """
 
 
-def _copy_task(path, size=600):
-    """A small TSV corpus: words reversed and upper-cased."""
-    rng = np.random.default_rng(0)
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-    lines = []
-    for _ in range(size):
-        sentence = list(rng.choice(words, size=rng.integers(2, 7)))
-        lines.append(" ".join(sentence) + "\t" + " ".join(w.upper() for w in reversed(sentence)))
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
 
 def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path):
     out = tmp_path / "run"
-    args = ["train", "--output-dir", str(out), "--tsv", _copy_task(tmp_path / "copy.tsv"), "--holdout", "20",
+    args = ["train", "--output-dir", str(out), "--tsv", copy_task(tmp_path / "copy.tsv"), "--holdout", "20",
             "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "512", "--max-length", "16",
             "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--quiet",
             "--steps", "15", "--steps-per-epoch", "5", "--average-checkpoints", "2"]
@@ -238,14 +225,14 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path):
         assert (out / name).is_file(), name
 
 
-def test_a_second_train_on_the_same_directory_is_refused(tmp_path):
+def test_a_second_train_on_the_same_directory_is_refused(tmp_path, small):
     from keras_transformer.tools import files, training
     from keras_transformer.tools.config import RunError, TrainConfig
 
     busy = f"another `train` is running on {tmp_path}"
     with files.lock(tmp_path / "train.lock", RuntimeError("held")):
         # The command line finds the held lock before it loads a backend...
-        result = subprocess.run([sys.executable, "-c", LAUNCHER, "train", "--output-dir", str(tmp_path), *SMALL,
+        result = subprocess.run([sys.executable, "-c", LAUNCHER, "train", "--output-dir", str(tmp_path), *small,
                                  "--steps", "10"], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and busy in result.stderr, result.stderr[-2000:]
         assert result.stderr.count("error:") == 1 and result.stdout.strip() == "[]", result
@@ -255,7 +242,7 @@ def test_a_second_train_on_the_same_directory_is_refused(tmp_path):
     assert not (tmp_path / "config.json").exists()  # written under the lock only
 
 
-def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_path, monkeypatch, capsys):
+def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_path, small, monkeypatch, capsys):
     from keras_transformer.tools import evaluation
 
     calls = []
@@ -270,10 +257,10 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     from keras_transformer.tools.training import load_corpus
     from keras_transformer.tools.config import TrainConfig
 
-    TRANSLATIONS = dict(load_corpus(TrainConfig(train_size=1500)).validation)
+    TRANSLATIONS = dict(load_corpus(TrainConfig(corpus="tsv", tsv=small[small.index("--tsv") + 1], holdout=20)).validation)
     monkeypatch.setattr(evaluation, "translate_texts", translate_perfectly)
     args = ["--steps", "20", "--steps-per-epoch", "4", "--validate-translations", "6", "--stop-at-exact-match", "1.0"]
-    assert _run(tmp_path, *args) == 0
+    assert _run(tmp_path, small, *args) == 0
     out = capsys.readouterr().out
     assert "stopped after step 8 of 20: validation exact match reached 100%" in out
     assert calls == [6, 6]
@@ -289,7 +276,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     # The same command again: the run is complete at its target, so nothing more is trained,
     # and nothing is rebuilt or rewritten: its saved metrics are the answer.
     before = _snapshot(tmp_path)
-    assert _run(tmp_path, *args) == 0
+    assert _run(tmp_path, small, *args) == 0
     assert "holds this run, finished at step 8 of 20: nothing left to train" in capsys.readouterr().out
     assert _snapshot(tmp_path) == before
     # Killed while finishing, before the metrics (written last) were in place, it is not
@@ -305,7 +292,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     # A resumption state that is not one is one error line; nothing is lost or written.
     (tmp_path / "state" / "state.npz").write_bytes(b"PK\x03\x04 cut short")
     before = _snapshot(tmp_path)
-    assert _run(tmp_path, *args) == 2
+    assert _run(tmp_path, small, *args) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "state.npz is not a resumption state (BadZipFile" in err, err
     assert _snapshot(tmp_path) == before
@@ -330,7 +317,7 @@ def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):
 def test_best_checkpoints_early_stopping_and_averaging_the_best(tmp_path, monkeypatch, capsys):
     from keras_transformer.tools import callbacks, evaluation
 
-    tsv = _copy_task(tmp_path / "copy.tsv")
+    tsv = copy_task(tmp_path / "copy.tsv")
     calls = []
 
     def translate_by_epoch(model, tokenizer, texts, **kwargs):
@@ -388,9 +375,10 @@ def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, capsys):
             if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= 6:
                 self.model.stop_training = True
 
-    config = TrainConfig(train_size=1500, vocab_size=300, batch_tokens=1024, max_length=32, num_layers=1,
+    config = TrainConfig(corpus="tsv", tsv=copy_task(tmp_path / "copy.tsv", size=1500), holdout=20, vocab_size=100,
+                         min_frequency=1, batch_tokens=1024, max_length=32, num_layers=1,
                          steps=40, steps_per_epoch=4)
-    metrics = train(config, tmp_path, verbose=0, callbacks=[StopAtStep6()])
+    metrics = train(config, tmp_path / "run", verbose=0, callbacks=[StopAtStep6()])
     assert metrics["steps"] == 6 and metrics["stopped_early"] is True
     assert "stopped after step 6 of 40: a callback asked to stop" in capsys.readouterr().out
 

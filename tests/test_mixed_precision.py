@@ -9,11 +9,10 @@ import pytest
 
 from keras_transformer.tools import cli, evaluation
 
-from .test_cli_train import SMALL
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, small):
     """`trained(policy)`: (run directory, train arguments) of a short run under that policy,
     trained once per module (the run and the export tests share the bfloat16 one)."""
     runs = {}
@@ -21,7 +20,7 @@ def trained(tmp_path_factory):
     def get(policy):
         if policy not in runs:
             out = tmp_path_factory.mktemp(f"mixed_{policy}") / "run"
-            args = ["train", "--output-dir", str(out), *SMALL, "--steps", "24", "--steps-per-epoch", "8",
+            args = ["train", "--output-dir", str(out), *small, "--steps", "24", "--steps-per-epoch", "8",
                     "--average-checkpoints", "1", "--mixed-precision", policy]
             assert cli.main(args) == 0
             runs[policy] = out, args
@@ -58,7 +57,7 @@ def test_a_mixed_precision_run_trains_resumes_and_translates(policy, trained):
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     # The saved policy is the run's: the same command resumes without a config clash.
     assert cli.main(args) == 0
-    translations = evaluation.translate_texts(model, tokenizer, ["forty-two", "seven"], beam_size=2)
+    translations = evaluation.translate_texts(model, tokenizer, ["alpha beta", "gamma delta epsilon"], beam_size=2)
     assert len(translations) == 2 and all(isinstance(t, str) for t in translations)
 
 
@@ -74,14 +73,14 @@ def test_a_mixed_precision_model_exports(trained, tmp_path):
     model, tokenizer = evaluation.load_run(trained("bfloat16")[0])
     kt.export.export_translator(model, tokenizer, tmp_path / "saved", beam_size=2)
     served = tf.saved_model.load(str(tmp_path / "saved"))
-    texts = ["forty-two", "nine hundred"]
+    texts = ["alpha beta", "zeta eta theta iota"]
     out = [t.decode() for t in served.signatures["translate"](tf.constant(texts))["translation"].numpy()]
     assert out == evaluation.translate_texts(model, tokenizer, texts, beam_size=2)
 
 
 @pytest.mark.skipif(not _jax_on_cpu(), reason="only JAX on a CPU lacks float16 matrix products")
-def test_float16_on_jax_cpu_is_refused(tmp_path, capsys):
+def test_float16_on_jax_cpu_is_refused(tmp_path, small, capsys):
     out = tmp_path / "run"
-    assert cli.main(["train", "--output-dir", str(out), *SMALL, "--mixed-precision", "float16"]) == 2
+    assert cli.main(["train", "--output-dir", str(out), *small, "--mixed-precision", "float16"]) == 2
     assert "--mixed-precision float16 cannot run on JAX on a CPU" in capsys.readouterr().err
     assert not out.exists()
