@@ -166,3 +166,31 @@ def test_a_ctrl_c_that_keras_drops_still_stops_fit_at_the_next_batch():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+@pytest.mark.parametrize("stop_checks, stopped_after", [(1, 2), (2, 5), (3, None)])
+def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeypatch, stop_checks, stopped_after):
+    from keras_transformer.tools import evaluation
+
+    pairs = [("a", "A"), ("b", "B")]
+    shares = iter([0.5, 1.0, 0.5, 1.0, 1.0, 0.5])  # the exact match of epochs 1-6
+
+    def translate(model, tokenizer, texts, **kwargs):
+        return ["A", "B"] if next(shares) == 1.0 else ["A", "wrong"]
+
+    monkeypatch.setattr(evaluation, "translate_texts", translate)
+    scores = kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=stop_checks)
+    model = keras.Model()
+    scores.set_model(model)
+    model.stop_training = False
+    stops = []
+    for epoch in range(6):
+        logs = {}
+        scores.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            stops.append(epoch + 1)
+            model.stop_training = False
+    assert logs["val_exact_match"] == 0.5
+    assert (stops[0] if stops else None) == stopped_after, stops
+    with pytest.raises(ValueError, match="stop_checks"):
+        kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=0)

@@ -371,7 +371,7 @@ class TranslationScores(keras.callbacks.Callback):
     `val_bleu`, `val_chrf` and `val_exact_match`, so the callbacks after this one
     (`CSVLogger`, `TensorBoard`, `TrainingCurves`) record them. With
     `stop_at_exact_match`, training stops at the end of the first epoch whose exact
-    match reaches it.
+    match reaches it, and whose `stop_checks - 1` epochs before it reached it too.
 
     Args:
         tokenizer: The run's tokenizer.
@@ -379,16 +379,24 @@ class TranslationScores(keras.callbacks.Callback):
         beam_size: Defaults to `1` (greedy).
         stop_at_exact_match: Stop once the exact-match share (0-1) reaches this.
             Defaults to `None` (never).
+        stop_checks: Epochs in a row that must reach it (counted from the start of
+            this `fit`). Defaults to `1`. A check of a few hundred pairs passes by luck
+            now and then, at a moment when the model is still swinging: `2` asks for a
+            model that stays above the target.
     """
 
     def __init__(self, tokenizer, pairs, beam_size: int = VALIDATION_BEAM_SIZE,
-                 stop_at_exact_match: float | None = None):
+                 stop_at_exact_match: float | None = None, stop_checks: int = 1):
         super().__init__()
+        if stop_checks < 1:
+            raise ValueError(f"`stop_checks` must be at least 1. Received: stop_checks={stop_checks}")
         self.tokenizer = tokenizer
         self.sources = [s for s, _ in pairs]
         self.references = [r for _, r in pairs]
         self.beam_size = beam_size
         self.stop_at_exact_match = stop_at_exact_match
+        self.stop_checks = stop_checks
+        self._passed = 0  # epochs in a row that reached the target
 
     def on_epoch_end(self, epoch, logs=None):
         from keras_transformer.tools import evaluation
@@ -398,5 +406,6 @@ class TranslationScores(keras.callbacks.Callback):
         if logs is not None:
             logs.update({f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact_match")})
         target = self.stop_at_exact_match
-        if target is not None and scores["exact_match"] >= target:
+        self._passed = self._passed + 1 if target is not None and scores["exact_match"] >= target else 0
+        if target is not None and self._passed >= self.stop_checks:
             self.model.stop_training = True

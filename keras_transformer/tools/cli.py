@@ -111,6 +111,9 @@ def _train_parser(sub) -> None:
                    help="Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. "
                         "Needs --validate-translations. Epochs are then ranked by exact match, not BLEU "
                         "(best/, --early-stopping, --average-from best).")
+    t.add_argument("--stop-checks", type=int, default=d.stop_checks, metavar="N",
+                   help="Stop only when --stop-at-exact-match is reached on N epochs in a row: one check of a "
+                        "few hundred pairs can pass by luck.")
     t.add_argument("--seed", type=int, default=d.seed, help="Random seed (data order, initialisation).")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
@@ -379,6 +382,7 @@ def _demo_parser(sub) -> None:
 
 
 DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training
+DEMO_CHECKS = 2  # ... when reached on this many checks in a row
 
 
 def _run_demo(args) -> int:
@@ -395,20 +399,30 @@ def _run_demo(args) -> int:
     start = time.time()
     out = pathlib.Path(args.output_dir)
     # Train only as long as the task needs: check the 1,000 validation numbers (greedy,
-    # 0.4 s) every 50 steps, stop at 99.5% exact match, and keep the model that reached it.
+    # 2 s) every 50 steps, stop at 99.5% exact match on two checks in a row, and keep the
+    # last model.
     # 500 were a noisy check: a run stopped at 99.6% of 500 whose model got 98.6% of all
     # 1,000 and 98.6% of the held-out numbers.
     # WordPiece: the numbers have no punctuation to lose, and it learned them faster
     # (99.4% exact after 900 steps; SentencePiece 98.7% after 1,250, TensorFlow, seed 0).
-    # Half the learning rate, peaking at step 200 (the full rate with warm-up 400 sat at
-    # 93-98% from step 250 to 850): 99.6% at step 450, held-out 99.40% with beam 4.
+    # Less than the paper's learning rate (the full rate with warm-up 400 sat at 93-98%
+    # from step 250 to 850).
     # Stopping at 99% (step 350) gave 98.2% held-out: 500 numbers are a noisy check.
     # No dropout: the numbers are a fixed mapping and 50,000 of them leave nothing to
     # regularize. With the preset's 0.1, TensorFlow runs stopped at 450 to 650+ steps (the
     # last 0.5% came slowly); without it at 400, 450 and 500 (held-out 99.1-99.8%).
+    # Two checks in a row: in 20 TensorFlow runs (learning-rate scales 0.25 to 0.5), two
+    # stopped at a first check of 99.5% right after one of 98.4% and 94.0%, and scored
+    # 98.6% and 98.7% on the held-out numbers; every run that stopped on a model already
+    # near 99% scored 99.1% or more.
+    # A quarter of the paper's rate, peaking at step 100: at half the rate (peak at 200)
+    # validation hovered at 99.3-99.6% from step 400 to 700 with dips to 94-98%, so a
+    # target of 99.5% was met by chance (one run: 700 steps with two checks in a row,
+    # held-out 99.3%); at a quarter it rose steadily to 99.7-99.9% (350 to 650 steps,
+    # held-out 99.3-100%).
     config = TrainConfig(steps_per_epoch=50, validate_translations=min(1000, args.eval_size),
-                         stop_at_exact_match=DEMO_TARGET, average_checkpoints=1, tokenizer="wordpiece",
-                         learning_rate_scale=0.5, warmup_steps=200, dropout=0.0)
+                         stop_at_exact_match=DEMO_TARGET, stop_checks=DEMO_CHECKS, average_checkpoints=1,
+                         tokenizer="wordpiece", learning_rate_scale=0.25, warmup_steps=100, dropout=0.0)
     if args.steps:
         config.steps = args.steps
         config.steps_per_epoch = min(config.steps_per_epoch, args.steps)
@@ -416,7 +430,7 @@ def _run_demo(args) -> int:
         config.train_size = args.train_size
     print(f"== 1/4 train the tiny preset (no dropout) on the numbers corpus ({keras.backend.backend()} backend) until "
           f"{round(DEMO_TARGET * 100, 4):g}% of {config.validate_translations} validation numbers translate exactly "
-          f"(at most {config.steps} steps)", flush=True)
+          f"on {DEMO_CHECKS} checks in a row (at most {config.steps} steps)", flush=True)
     # With --eval-size below 1,000 (a quick look), fewer held-out numbers are checked and
     # scored; the training pairs are the same either way.
     corpus = load_corpus(config)

@@ -53,6 +53,7 @@ class TrainConfig:
     validate_translations: int = 0  # validation pairs translated (greedy) and scored every epoch
     validation_beam_size: int = VALIDATION_BEAM_SIZE
     stop_at_exact_match: float | None = None  # stop once their exact-match share reaches this
+    stop_checks: int = 1  # ... on this many epochs in a row
     early_stopping: int | None = None  # stop after this many epochs without a better validation BLEU
     mixed_precision: str | None = None  # "bfloat16" or "float16": Keras' mixed dtype policy
     seed: int = 0
@@ -76,7 +77,7 @@ class TrainConfig:
             need(bool(self.tsv), "--corpus tsv needs --tsv FILE")
         need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
         positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout", "accumulate_steps",
-                    "validation_beam_size", "early_stopping", "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
+                    "validation_beam_size", "early_stopping", "stop_checks", "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
         for name in positive:
             value = getattr(self, name)
             need(value is None or value >= 1, f"--{_flag(name)} must be >= 1; got {value}")
@@ -108,6 +109,8 @@ class TrainConfig:
             need(0 < self.stop_at_exact_match <= 1,
                  f"--stop-at-exact-match must be in (0, 1]; got {self.stop_at_exact_match}")
             need(self.validate_translations > 0, "--stop-at-exact-match needs --validate-translations N > 0")
+        need(self.stop_checks <= 1 or self.stop_at_exact_match is not None,
+             f"--stop-checks {self.stop_checks} needs --stop-at-exact-match")
         if self.preset in PRESETS:
             model = self.model_config()
             if min(model["d_model"], model["num_heads"]) >= 1 and model["d_model"] % model["num_heads"]:

@@ -242,7 +242,8 @@ def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
     last = rows[-1] if rows else {}
     target = config.stop_at_exact_match
     if target is not None and float(last.get("val_exact_match") or 0) >= target:
-        return f"validation exact match reached {round(target * 100, 4):g}%"
+        times = f" on {config.stop_checks} epochs in a row" if config.stop_checks > 1 else ""
+        return f"validation exact match reached {round(target * 100, 4):g}%{times}"
     if best is not None and best.patience_exhausted():
         name = {"bleu": "BLEU", "chrf": "chrF", "exact_match": "exact match"}[best.metric]
         return f"validation {name} did not improve for {config.early_stopping} epochs"
@@ -324,7 +325,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         # Before the loggers, which record what they add to the epoch's logs.
         callbacks.append(kt_callbacks.TranslationScores(
             tokenizer, corpus.validation[: config.validate_translations], beam_size=config.validation_beam_size,
-            stop_at_exact_match=config.stop_at_exact_match,
+            stop_at_exact_match=config.stop_at_exact_match, stop_checks=config.stop_checks,
         ))
         best = kt_callbacks.BestCheckpoints(
             output_dir / "best", config.average_checkpoints if config.average_from == "best" else 1,
