@@ -95,15 +95,23 @@ def copy_task(path, size=600):
     return str(path)
 
 
+# A run small enough for CI: the tiny preset's width with one block, on a 1,500-pair copy
+# task with 20 pairs held out for validation and 20 for test. (The numbers corpus holds out
+# 1,000 of each: on JAX, their evaluation shapes took ~8 s of every short run.)
+SMALL_SETTINGS = dict(holdout=20, vocab_size=100, min_frequency=1, batch_tokens=1024, max_length=32, num_layers=1)
+
+
 @pytest.fixture(scope="session")
-def small(tmp_path_factory):
-    """`train` arguments of a run small enough for CI: the tiny preset's width with one
-    block, on a 1,500-pair copy task with 20 pairs held out for validation and 20 for
-    test. (The numbers corpus holds out 1,000 of each: on JAX, their evaluation shapes
-    took ~8 s of every short run.)"""
-    tsv = copy_task(tmp_path_factory.mktemp("small") / "copy.tsv", size=1500)
-    return ["--tsv", tsv, "--holdout", "20", "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "1024",
-            "--max-length", "32", "--num-layers", "1", "--quiet"]
+def small_tsv(tmp_path_factory):
+    """The copy task of `SMALL_SETTINGS` runs, written once per test process."""
+    return copy_task(tmp_path_factory.mktemp("small") / "copy.tsv", size=1500)
+
+
+@pytest.fixture(scope="session")
+def small(small_tsv):
+    """`train` arguments of a `SMALL_SETTINGS` run on `small_tsv`."""
+    flags = [part for key, value in SMALL_SETTINGS.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+    return ["--tsv", small_tsv, *flags, "--quiet"]
 
 
 def pytest_report_header(config):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.tools import cli
-from tests.conftest import copy_task
+from tests.conftest import SMALL_SETTINGS, copy_task
 
 
 def _run(out, small, *args):
@@ -245,7 +245,8 @@ def test_a_second_train_on_the_same_directory_is_refused(tmp_path, small):
     assert not (tmp_path / "config.json").exists()  # written under the lock only
 
 
-def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_path, small, monkeypatch, capsys):
+def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_path, small, small_tsv, monkeypatch,
+                                                                           capsys):
     from keras_transformer.tools import evaluation
 
     calls = []
@@ -260,7 +261,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
     from keras_transformer.tools.training import load_corpus
     from keras_transformer.tools.config import TrainConfig
 
-    TRANSLATIONS = dict(load_corpus(TrainConfig(corpus="tsv", tsv=small[small.index("--tsv") + 1], holdout=20)).validation)
+    TRANSLATIONS = dict(load_corpus(TrainConfig(corpus="tsv", tsv=small_tsv, **SMALL_SETTINGS)).validation)
     monkeypatch.setattr(evaluation, "translate_texts", translate_perfectly)
     args = ["--steps", "20", "--steps-per-epoch", "4", "--validate-translations", "6", "--stop-at-exact-match", "1.0"]
     assert _run(tmp_path, small, *args) == 0
@@ -369,7 +370,7 @@ def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path
     assert "only runs trained with --validate-translations keep one" in capsys.readouterr().err
 
 
-def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, capsys):
+def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, small_tsv, capsys):
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.training import train
 
@@ -378,10 +379,8 @@ def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, capsys):
             if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= 6:
                 self.model.stop_training = True
 
-    config = TrainConfig(corpus="tsv", tsv=copy_task(tmp_path / "copy.tsv", size=1500), holdout=20, vocab_size=100,
-                         min_frequency=1, batch_tokens=1024, max_length=32, num_layers=1,
-                         steps=40, steps_per_epoch=4)
-    metrics = train(config, tmp_path / "run", verbose=0, callbacks=[StopAtStep6()])
+    config = TrainConfig(corpus="tsv", tsv=small_tsv, **SMALL_SETTINGS, steps=40, steps_per_epoch=4)
+    metrics = train(config, tmp_path, verbose=0, callbacks=[StopAtStep6()])
     assert metrics["steps"] == 6 and metrics["stopped_early"] is True
     assert "stopped after step 6 of 40: a callback asked to stop" in capsys.readouterr().out
 

@@ -406,6 +406,7 @@ class TranslationScores(keras.callbacks.Callback):
         if logs is not None:
             logs.update({f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact_match")})
         target = self.stop_at_exact_match
-        self._passed = self._passed + 1 if target is not None and scores["exact_match"] >= target else 0
-        if target is not None and self._passed >= self.stop_checks:
-            self.model.stop_training = True
+        if target is not None:
+            self._passed = self._passed + 1 if scores["exact_match"] >= target else 0
+            if self._passed >= self.stop_checks:
+                self.model.stop_training = True
