@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import os
+import sys
 
-import keras
 import numpy as np
 import pytest
 
-BACKEND = keras.backend.backend()
+
+def _backend():
+    """The backend Keras will use, read without importing Keras where the environment names it.
+
+    The xdist controller imports this file but runs no test: it does not import Keras
+    (and TensorFlow, ~4 s) before it starts the workers.
+    """
+    if os.environ.get("KERAS_BACKEND"):  # Keras' own rule: the variable wins over keras.json
+        return os.environ["KERAS_BACKEND"]
+    import keras
+
+    return keras.backend.backend()
+
+
+BACKEND = _backend()
 
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     """Every test starts from the same seed and the float32 policy."""
+    import keras
+
     keras.utils.set_random_seed(1234)
     keras.config.set_dtype_policy("float32")
     yield
@@ -21,6 +37,8 @@ def _seed_and_policy():
 
 
 def to_numpy(x, dtype="float64"):
+    import keras
+
     return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(x, "float32")), dtype=dtype)
 
 
@@ -115,7 +133,9 @@ def small(small_tsv):
 
 
 def pytest_report_header(config):
-    return f"keras backend: {BACKEND}, keras {keras.__version__}, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')}"
+    from importlib.metadata import version
+
+    return f"keras backend: {BACKEND}, keras {version('keras')}, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')}"
 
 
 _JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
@@ -156,13 +176,15 @@ def _jax_compilation_cache(config):
     """
     if BACKEND != "jax":
         return
-    import jax
-
     if _JAX_CACHE not in os.environ:
         import tempfile
 
         os.environ[_JAX_CACHE] = config._kt_jax_cache = tempfile.mkdtemp(prefix="kt-jax-cache-")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    if "jax" not in sys.modules:
+        return  # JAX reads the variables when it is imported
+    import jax
+
     # This process imported JAX before the variables were set.
     jax.config.update("jax_compilation_cache_dir", os.environ[_JAX_CACHE])
     jax.config.update("jax_persistent_cache_min_compile_time_secs",

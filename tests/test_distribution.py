@@ -3,7 +3,8 @@
 Each check runs in a child process, because the number of devices is fixed when a
 backend starts (see tests/distributed_checks.py). The JAX check runs in the JAX suite
 and the TensorFlow check in the TensorFlow suite; the layout map itself is tested on
-every backend.
+every backend. The JAX child then runs examples/multi_device.py (one start of JAX with
+8 devices for both).
 """
 
 import json
@@ -45,6 +46,9 @@ def test_model_parallel_step_on_a_2x4_mesh_matches_one_device():
     assert layouts["decoder/decoder_block_0/feed_forward/outer_dense/kernel"] == ["P('model', None)", [16, 32]]
     assert layouts["embedding/embeddings"] == ["P('model', None)", [16, 32]]
     assert layouts["encoder/encoder_block_0/self_attention_norm/gamma"][1] == [32]  # replicated
+    # examples/multi_device.py, run in the same child: data parallel over 8 devices, then the mesh.
+    assert "data parallel over 8 devices" in r["example"] and "model parallel on a 2 x 4 mesh" in r["example"]
+    assert "is stored as 8 shards of (64, 16)" in r["example"], r["example"]
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow's; checked in the TensorFlow suite")

@@ -1,4 +1,6 @@
-"""Every script in examples/ runs, on every backend, with smaller sizes than its defaults."""
+"""Every script in examples/ runs, on every backend, with smaller sizes than its defaults
+(multi_device.py on JAX: in tests/test_distribution.py, whose child starts JAX with 8
+devices)."""
 
 import importlib.util
 import os
@@ -7,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import BACKEND
 
@@ -59,13 +62,17 @@ def test_translate_files_then_export(tmp_path):
     assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
 
 
-def test_multi_device():
-    # A child process: the number of devices is fixed when the backend starts.
-    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("XLA_FLAGS", None)
+@pytest.mark.skipif(BACKEND == "jax", reason="on JAX the example needs 8 devices, fixed when JAX starts: "
+                    "tests/test_distribution.py runs it in the child that checks the 2 x 4 mesh")
+def test_multi_device(capsys):
+    if BACKEND == "torch":  # one device: in this process
+        loss = load("multi_device").main(["--steps", "3"])
+        assert np.isfinite(loss)
+        assert "Keras has no distribution API on the torch backend" in capsys.readouterr().out
+        return
+    # TensorFlow: a child process, since the logical devices are fixed when TensorFlow starts.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, str(EXAMPLES / "multi_device.py"), "--steps", "3"], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    expected = {"jax": "model parallel on a 2 x 4 mesh", "tensorflow": "MirroredStrategy over 2 replicas",
-                "torch": "one device"}[BACKEND]
-    assert expected in result.stdout
+    assert "MirroredStrategy over 2 replicas" in result.stdout

@@ -95,11 +95,17 @@ def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_le
         # An empty input translates to an empty string.
         return {"translation": tf.where(lengths > 0, text, tf.constant(""))}
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.track(tokenizer)
-    archive.add_endpoint("translate", translate, input_signature=[tf.TensorSpec([None], tf.string, name="texts")])
-    archive.write_out(str(path), verbose=False)
+    # tf.saved_model.save rather than keras.export.ExportArchive: the archive traces the
+    # function once to list the variables it uses and the save traces it again (the
+    # save's context is part of tf.function's cache key): the beam search and both
+    # tokenizers, twice. Here the save traces it once for both signatures.
+    translate = tf.function(translate, input_signature=[tf.TensorSpec([None], tf.string, name="texts")],
+                            autograph=False)
+    root = tf.Module()
+    root.tokenizer = tokenizer
+    root.model_variables = [v.value for v in model.variables]  # tf.Variables on this backend
+    root.translate = translate
+    tf.saved_model.save(root, str(path), signatures={"translate": translate, "serving_default": translate})
 
 
 def main(argv=None) -> int:
