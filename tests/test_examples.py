@@ -55,9 +55,9 @@ def test_language_model():
 
 def test_translate_files_then_export(tmp_path):
     run_dir = tmp_path / "run"
-    scores = load("translate_files").main(["--run-dir", str(run_dir), "--steps", "5", "--size", "1500",
-                                           "--holdout", "40", "--eval-size", "4"])
-    assert scores["sentences"] == 4 and 0.0 <= scores["chrf"] <= 100.0
+    scores = load("translate_files").main(["--run-dir", str(run_dir), "--steps", "2", "--size", "1500",
+                                           "--holdout", "8", "--eval-size", "2"])
+    assert scores["sentences"] == 2 and 0.0 <= scores["chrf"] <= 100.0
     translations = load("export_and_serve").main(["--run-dir", str(run_dir), "--output", str(tmp_path / "saved")])
     assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
 
