@@ -49,7 +49,8 @@ def fit_losses(model, x, y, as_dataset=False):
 
 
 def check_jax():
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    # Added to the flags the test session sets (see tests/conftest.py).
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
     os.environ["KERAS_BACKEND"] = "jax"
     import jax
     import keras
