@@ -3,8 +3,8 @@
 Each check runs in a child process, because the number of devices is fixed when a
 backend starts (see tests/distributed_checks.py). The JAX check runs in the JAX suite
 and the TensorFlow check in the TensorFlow suite; the layout map itself is tested on
-every backend. The JAX child then runs examples/multi_device.py (one start of JAX with
-8 devices for both).
+every backend. Each child then runs examples/multi_device.py (one start of the backend
+with several devices for both).
 """
 
 import json
@@ -56,6 +56,8 @@ def test_mirrored_strategy_over_two_devices_trains_like_one():
     r = run_check("tensorflow")
     assert r["replicas"] == 2 and r["variable_type"] == "MirroredVariable"
     np.testing.assert_allclose(r["mirrored_fit"], r["single_fit"], rtol=1e-5)
+    # examples/multi_device.py, run in the same child with the default MirroredStrategy.
+    assert "MirroredStrategy over 2 replicas" in r["example"], r["example"]
 
 
 def mesh(shape):
