@@ -208,8 +208,7 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path, capsys):
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == -9, (target, result.returncode, result.stderr[-2000:])
     # The same command, run to its end (here, in this process), resumes and finishes.
-    capsys.readouterr()
-    assert cli.main(args[:]) == 0
+    assert cli.main(args) == 0
     assert "resuming" in capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 15

@@ -184,6 +184,7 @@ def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeyp
     scores.set_model(model)
     model.stop_training = False
     stops = []
+    scores.on_train_begin()
     for epoch in range(6):
         logs = {}
         scores.on_epoch_end(epoch, logs)
@@ -192,5 +193,14 @@ def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeyp
             model.stop_training = False
     assert logs["val_exact_match"] == 0.5
     assert (stops[0] if stops else None) == stopped_after, stops
+    # A new fit (a resumed run) counts from its own first epoch: two epochs at the target,
+    # one in each fit, are not two in a row.
+    shares = iter([1.0, 1.0])
+    twice = kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=2)
+    twice.set_model(model)
+    for _ in range(2):
+        twice.on_train_begin()
+        twice.on_epoch_end(0, {})
+    assert not model.stop_training
     with pytest.raises(ValueError, match="stop_checks"):
         kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=0)

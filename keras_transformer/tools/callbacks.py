@@ -398,6 +398,9 @@ class TranslationScores(keras.callbacks.Callback):
         self.stop_checks = stop_checks
         self._passed = 0  # epochs in a row that reached the target
 
+    def on_train_begin(self, logs=None):
+        self._passed = 0  # a `fit` (a resumed run's too) counts from its own first epoch
+
     def on_epoch_end(self, epoch, logs=None):
         from keras_transformer.tools import evaluation
 
