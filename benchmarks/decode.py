@@ -3,8 +3,11 @@
 Each backend runs in its own process (a Keras backend is fixed per process). The model
 is the `tiny` preset with random weights; `[END]` is forbidden before the last step
 (`min_length`), so every run produces exactly `--output-tokens` tokens per sentence.
-Times are medians of `--repeats` runs after one warm-up run (which compiles). Nothing
-is asserted: the script prints a table and writes JSON.
+Times are medians of `--repeats` runs after one warm-up run (which compiles). Every
+backend also runs the same search eagerly (`translate(..., compile=False)`, one run),
+and PyTorch also with `compile="torch.compile"` (the exported programs through
+`torch.compile`; its first run includes seconds of compilation). Nothing is asserted:
+the script prints a table and writes JSON.
 
     python benchmarks/decode.py [--backends jax tensorflow torch] [--output-tokens 64]
 """
@@ -38,32 +41,36 @@ def measure(args) -> dict:
     source = rng.integers(4, args.vocab_size, size=(args.batch, args.source_length)).astype("int32")
     n = args.output_tokens
     results = {}
+    variants = [("cached", True, True), ("uncached", False, True), ("eager", True, False)]
+    if keras.backend.backend() == "torch":
+        variants.append(("torch_compile", True, "torch.compile"))
     for search in ("greedy", "beam"):
-        for use_cache in (True, False):
+        for variant, use_cache, compile in variants:
             beam_size = 1 if search == "greedy" else args.beam_size
 
             def run():
-                return model.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache)
+                return model.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache,
+                                       compile=compile)
             t = time.perf_counter()
             out = keras.ops.convert_to_numpy(run())  # warm-up: compiles
             compile_seconds = time.perf_counter() - t
             assert out.shape == (args.batch, n)
             times = []
-            for _ in range(args.repeats):
+            for _ in range(1 if variant == "eager" else args.repeats):
                 t = time.perf_counter()
                 keras.ops.convert_to_numpy(run())
                 times.append(time.perf_counter() - t)
             median = statistics.median(times)
-            results[f"{search}_{'cached' if use_cache else 'uncached'}"] = {
+            results[f"{search}_{variant}"] = {
                 "median_seconds": round(median, 4),
                 "tokens_per_second": round(args.batch * n / median, 1),
                 "first_run_seconds": round(compile_seconds, 2),
                 "times": [round(x, 4) for x in times],
             }
     for search in ("greedy", "beam"):
-        results[f"{search}_cache_speedup"] = round(
-            results[f"{search}_cached"]["tokens_per_second"] / results[f"{search}_uncached"]["tokens_per_second"], 2
-        )
+        cached = results[f"{search}_cached"]["tokens_per_second"]
+        results[f"{search}_cache_speedup"] = round(cached / results[f"{search}_uncached"]["tokens_per_second"], 2)
+        results[f"{search}_compiled_vs_eager"] = round(cached / results[f"{search}_eager"]["tokens_per_second"], 2)
     return results
 
 
@@ -96,14 +103,17 @@ def main() -> int:
         report["backends"][backend] = json.loads(result.stdout.strip().splitlines()[-1])
     print(f"tokens/s, {args.batch} sentences x {args.output_tokens} output tokens, beam {args.beam_size} "
           f"(median of {args.repeats})")
-    print(f"{'backend':<11}{'greedy cached':>15}{'uncached':>10}{'speedup':>9}{'beam cached':>13}{'uncached':>10}{'speedup':>9}")
+    print(f"{'backend':<11}{'search':<8}{'cached':>9}{'uncached':>10}{'eager':>8}{'torch.compile':>15}"
+          f"{'vs eager':>10}")
     for backend, r in report["backends"].items():
         if "error" in r:
             print(f"{backend:<11} failed")
             continue
-        print(f"{backend:<11}{r['greedy_cached']['tokens_per_second']:>15.0f}{r['greedy_uncached']['tokens_per_second']:>10.0f}"
-              f"{r['greedy_cache_speedup']:>8.1f}x{r['beam_cached']['tokens_per_second']:>13.0f}"
-              f"{r['beam_uncached']['tokens_per_second']:>10.0f}{r['beam_cache_speedup']:>8.1f}x")
+        for search in ("greedy", "beam"):
+            extra = r.get(f"{search}_torch_compile", {}).get("tokens_per_second")
+            print(f"{backend:<11}{search:<8}{r[f'{search}_cached']['tokens_per_second']:>9.0f}"
+                  f"{r[f'{search}_uncached']['tokens_per_second']:>10.0f}{r[f'{search}_eager']['tokens_per_second']:>8.0f}"
+                  f"{'' if extra is None else f'{extra:.0f}':>15}{r[f'{search}_compiled_vs_eager']:>9.1f}x")
     out = pathlib.Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

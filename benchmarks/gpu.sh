@@ -19,3 +19,4 @@ mkdir -p benchmarks/results
     --only ours-jax ours-tensorflow ours-torch torch-eager --rounds 1 --steps 20 \
     --output benchmarks/results/gpu_train.json
 "$PY" benchmarks/decode.py --output benchmarks/results/gpu_decode.json
+KERAS_BACKEND=torch "$PY" benchmarks/gpu_torch.py --output benchmarks/results/gpu_torch.json

@@ -4,9 +4,9 @@ Implementations, each measured in its own process (a Keras backend is fixed per 
 alternated, over two rounds:
 
 * `ours-<backend>`: `kt.models.Transformer` with `model.train_on_batch` (XLA on JAX and
-  TensorFlow, eager on PyTorch); `ours-torch-compile`: the same with
-  `model.compile(jit_compile=True)`, which on PyTorch records the step once per batch
-  shape and replays it (`keras_transformer._compat.TrainStep`);
+  TensorFlow, eager on PyTorch: `jit_compile=True` trains eagerly there, see
+  `Transformer.compile`), with `keras_transformer.optimizers.Adam`, the optimizer
+  `keras-transformer train` uses;
 * `kerashub-<backend>`: KerasHub's `TransformerEncoder` / `TransformerDecoder` with
   `TokenAndPositionEmbedding`, same sizes (needs the `bench` extra: `keras-hub`);
 * `keras-mha-<backend>`: a plain Keras encoder-decoder built from
@@ -47,7 +47,6 @@ WORKS = {
 }
 IMPLEMENTATIONS = {  # name -> (backend, builder)
     **{f"ours-{b}": (b, "ours") for b in ("jax", "tensorflow", "torch")},
-    "ours-torch-compile": ("torch", "ours"),  # model.compile(jit_compile=True): the recorded step
     **{f"kerashub-{b}": (b, "kerashub") for b in ("jax", "tensorflow", "torch")},
     **{f"keras-mha-{b}": (b, "keras_mha") for b in ("jax", "tensorflow", "torch")},
     "torch-eager": ("torch", "torch_eager"),
@@ -126,7 +125,7 @@ def measure_keras(kind, w, args):
     if kind == "ours":
         import keras_transformer as kt
 
-        optimizer = kt.schedules.Adam(1e-4)
+        optimizer = kt.optimizers.Adam(1e-4)
     else:
         optimizer = keras.optimizers.Adam(1e-4)
     model.compile(optimizer=optimizer, jit_compile=args.child.endswith("-compile") or "auto",
@@ -272,9 +271,7 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args)
-    # ours-torch-compile is opt-in: under torch.compile our decoder blocks hit dynamo's
-    # recompilation limit and, on this work, fail (KeyError in DecoderBlock.call).
-    names = args.only or [n for n in IMPLEMENTATIONS if n != "ours-torch-compile"]
+    names = args.only or list(IMPLEMENTATIONS)
     rounds = {name: [] for name in names}
     errors = {}
     peaks = []

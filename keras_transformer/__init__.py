@@ -3,8 +3,8 @@
 The same code runs on the TensorFlow, JAX and PyTorch backends; choose one with the
 `KERAS_BACKEND` environment variable before importing Keras.
 
-The library is `ops`, `layers`, `models`, `decoding`, `losses`, `metrics`, `schedules`
-and `distribution`: Keras and one backend, nothing else. They are imported here, so that
+The library is `ops`, `layers`, `models`, `decoding`, `losses`, `metrics`, `optimizers`,
+`schedules` and `distribution`: Keras and one backend, nothing else. They are imported here, so that
 `import keras_transformer` registers every layer and model with Keras' serialization and
 `keras.saving.load_model` can read a saved `.keras` file. The tools around the library
 (training, evaluation, export, the text pipeline, the command line) are
@@ -14,7 +14,9 @@ and `distribution`: Keras and one backend, nothing else. They are imported here,
 
 import importlib
 
-from keras_transformer import decoding, defaults, distribution, layers, losses, metrics, models, ops, schedules
+from keras_transformer import (
+    decoding, defaults, distribution, layers, losses, metrics, models, ops, optimizers, schedules,
+)
 
 __version__ = "0.1.0"
 
@@ -22,7 +24,7 @@ __version__ = "0.1.0"
 _TOOLS = ("text", "export", "callbacks")
 
 __all__ = [
-    "decoding", "defaults", "distribution", "layers", "losses", "metrics", "models", "ops", "schedules",
+    "decoding", "defaults", "distribution", "layers", "losses", "metrics", "models", "ops", "optimizers", "schedules",
     *_TOOLS, "tools", "__version__",
 ]
 

@@ -13,8 +13,10 @@ A search knows nothing of the model. It takes
 
 This is the shape of KerasHub's samplers and Flax's `beam_search(..., tokens_to_logits,
 ...)`. All shapes are fixed before the loop (`keras.ops.while_loop`), so a search
-compiles as one program under `jax.jit` and `tf.function(jit_compile=True)`; the loop
-is `keras_transformer._compat.while_loop`, whose body PyTorch records once and replays.
+compiles as one program under `jax.jit` and `tf.function(jit_compile=True)`. The loop
+is `keras.ops.while_loop` unless the caller passes another with its signature (PyTorch's
+compiled search passes one that runs each iteration as an exported program: see
+`keras_transformer.backend.torch_decoding`).
 
 The paper's decoding defaults (beam 4, length penalty alpha 0.6, at most input length
 + 50 tokens) and the default special ids are written once, in
@@ -26,15 +28,28 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer import _checks, _compat
+from keras_transformer import _checks
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, START_ID, UNK_ID
 
 __all__ = [
-    "greedy_search", "beam_search", "length_penalty",
+    "greedy_search", "beam_search", "length_penalty", "eager_while_loop",
     "BEAM_SIZE", "LENGTH_PENALTY", "MAX_EXTRA_LENGTH", "PAD_ID", "UNK_ID", "START_ID", "END_ID",
 ]
 
 _NEG_INF = -1e9
+
+
+def eager_while_loop(cond, body, loop_vars):
+    """`keras.ops.while_loop` as a Python loop: every iteration runs op by op.
+
+    The search of `Transformer.translate(..., compile=False)`: on JAX,
+    `keras.ops.while_loop` is `jax.lax.while_loop`, which traces its body even outside
+    `jax.jit`, so a body that reads a tensor's value in Python could not run at all.
+    """
+    loop_vars = tuple(loop_vars)
+    while bool(keras.ops.convert_to_numpy(cond(*loop_vars))):
+        loop_vars = tuple(body(*loop_vars))
+    return loop_vars
 
 
 def length_penalty(length, alpha: float):
@@ -52,6 +67,7 @@ def greedy_search(
     end_id: int,
     pad_id: int,
     min_length: int = 0,
+    while_loop=None,
 ):
     """Pick the most probable next token at every step.
 
@@ -64,6 +80,8 @@ def greedy_search(
         end_id: The `[END]` id; a row is finished once it emits it.
         pad_id: The `[PAD]` id, written after `[END]`.
         min_length: No `[END]` before this many tokens. Defaults to `0`.
+        while_loop: Runs the loop, with `keras.ops.while_loop`'s signature. Defaults
+            to `keras.ops.while_loop`.
 
     Returns:
         Integer `(N, L)`: each row is the output tokens, `[END]` (if emitted in time)
@@ -86,7 +104,8 @@ def greedy_search(
         finished = ops.logical_or(finished, next_token == end_id)
         return i + 1, tokens, cache, finished
 
-    _, tokens, _, _ = _compat.while_loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
+    loop = while_loop or ops.while_loop
+    _, tokens, _, _ = loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
     return tokens[:, 1:]
 
 
@@ -103,6 +122,7 @@ def beam_search(
     length_penalty_alpha: float = LENGTH_PENALTY,
     min_length: int = 0,
     num_hypotheses: int = 1,
+    while_loop=None,
 ):
     """Beam search with the GNMT length penalty and early stopping.
 
@@ -123,6 +143,8 @@ def beam_search(
         min_length: No `[END]` before this many tokens. Defaults to `0`.
         num_hypotheses: n, how many hypotheses to return per input (the n-best
             list), at most `beam_size`. Defaults to `1`.
+        while_loop: Runs the loop, with `keras.ops.while_loop`'s signature. Defaults
+            to `keras.ops.while_loop`.
 
     Returns:
         `(tokens, scores)`: integer `(N, L)`, the best hypothesis per input (tokens,
@@ -198,7 +220,8 @@ def beam_search(
         return i + 1, sequences, alive_logp, cache, finished_seq, finished_score
 
     loop_vars = (ops.convert_to_tensor(0, "int32"), sequences, alive_logp, cache, finished_seq, finished_score)
-    i, sequences, alive_logp, _, finished_seq, finished_score = _compat.while_loop(cond, body, loop_vars)
+    loop = while_loop or ops.while_loop
+    i, sequences, alive_logp, _, finished_seq, finished_score = loop(cond, body, loop_vars)
     # Inputs with nothing finished (every hypothesis reached max_length) fall back to the
     # best live hypothesis, scored with the penalty of its full length.
     alive_score = alive_logp / length_penalty(i, alpha)  # (N, k)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer._compat import Adam
+from keras_transformer.optimizers import Adam
 
-__all__ = ["Adam", "TransformerSchedule", "transformer_optimizer"]
+__all__ = ["TransformerSchedule", "transformer_optimizer"]
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -50,8 +50,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def transformer_optimizer(d_model: int, warmup_steps: int = 4000, scale: float = 1.0, **kwargs) -> keras.optimizers.Adam:
     """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `TransformerSchedule` (section 5.3).
 
-    A `keras.optimizers.Adam` whose update runs as one fused kernel on PyTorch (same
-    results, fewer passes over memory). Extra keyword arguments go to the optimizer
+    A `keras_transformer.optimizers.Adam`: Keras' Adam, whose update runs in PyTorch's
+    fused Adam on the PyTorch backend (same results, fewer passes over memory). Extra keyword arguments go to the optimizer
     (e.g. `clipnorm`).
     """
     return Adam(

@@ -155,9 +155,9 @@ def test_compiled_searches_are_bounded_and_owned_by_the_model():
     for n in (3, 4, 5):
         model.translate(_source(), beam_size=1, max_length=n)
     assert len(model._searches) == 2
-    first = model._searches.get((5, 1, 0.6, 0, True, 1), lambda: None)
+    first = model._searches.get((5, 1, 0.6, 0, True, 1, "default"), lambda: None)
     assert first is not None  # the newest setting is kept; the oldest (3) was dropped
-    assert model._searches.get((3, 1, 0.6, 0, True, 1), lambda: "made again") == "made again"
+    assert model._searches.get((3, 1, 0.6, 0, True, 1, "default"), lambda: "made again") == "made again"
 
 
 class _TinyLM:

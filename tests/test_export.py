@@ -50,10 +50,8 @@ def trained():
         optimizer=kt.schedules.transformer_optimizer(64, warmup_steps=50),
         loss=kt.losses.LabelSmoothedCrossEntropy(pad_id=tokenizer.pad_id),
         metrics=[kt.metrics.MaskedAccuracy(pad_id=tokenizer.pad_id)],
-        # On PyTorch, the recorded step: this fixture trains it on bucketed batches. Elsewhere
         # Keras' default, as `keras-transformer train` has it: XLA on JAX, none on a CPU-only
         # TensorFlow (there XLA's compilation of each batch shape took 5 s of this fixture's 13).
-        jit_compile=True if keras.backend.backend() == "torch" else "auto",
     )
     data = make_dataset(corpus.train, tokenizer, batch_tokens=1024, max_length=32, repeat=True, drop_remainder=True)
     model.fit(data, steps_per_epoch=250, epochs=1, verbose=0, shuffle=False)

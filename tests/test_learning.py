@@ -30,8 +30,7 @@ def test_a_small_transformer_learns_to_copy():
     model.compile(
         optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        # Compiled on every backend: XLA on JAX and TensorFlow, the recorded step on PyTorch.
-        jit_compile=True,
+        # Keras' default: XLA on JAX and TensorFlow, eager on PyTorch.
     )
     x_test, y_test = copy_task(np.random.default_rng(1), 500)
 

@@ -1,10 +1,17 @@
-"""The project's Adam (one fused kernel on PyTorch) gives Keras' Adam's results."""
+"""`keras_transformer.optimizers.Adam`: Keras' Adam, updated by PyTorch's fused Adam on
+PyTorch with the same results; the paper's schedule counts updates under accumulation."""
 
 import keras
 import numpy as np
+import pytest
 
 import keras_transformer as kt
-from tests.conftest import to_numpy
+from tests.conftest import BACKEND, to_numpy
+
+torch_only = pytest.mark.skipif(
+    BACKEND != "torch",
+    reason="on TensorFlow and JAX kt.optimizers.Adam updates with Keras' own Adam: there is nothing to compare",
+)
 
 
 def _apply(optimizer, steps=10):
@@ -18,6 +25,20 @@ def _apply(optimizer, steps=10):
     return [to_numpy(v) for v in variables] + [to_numpy(v) for v in optimizer.variables]
 
 
+@torch_only
+def test_the_pytorch_update_runs_in_torch_optim_adam(monkeypatch):
+    # Fails if Keras stops calling the hook (`_backend_update_step`) or renames Adam's slots.
+    import torch.optim.adam as torch_adam
+
+    calls = []
+    real = torch_adam.adam
+    monkeypatch.setattr(torch_adam, "adam", lambda *a, **k: calls.append(k) or real(*a, **k))
+    _apply(kt.schedules.transformer_optimizer(16, warmup_steps=4), steps=3)
+    assert len(calls) == 3
+    assert calls[0]["fused"] is True  # CPU float32: PyTorch's fused kernel
+
+
+@torch_only
 def test_fused_adam_matches_keras_adam_over_ten_steps():
     schedule = kt.schedules.TransformerSchedule(16, warmup_steps=4)
     ours = _apply(kt.schedules.transformer_optimizer(16, warmup_steps=4))
@@ -38,6 +59,7 @@ def _train(optimizer):
     return model, batch
 
 
+@torch_only
 def test_a_model_trains_the_same_with_either_adam():
     ours, batch = _train(kt.schedules.transformer_optimizer(16, warmup_steps=50))
     schedule = kt.schedules.TransformerSchedule(16, warmup_steps=50)

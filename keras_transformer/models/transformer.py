@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import keras
 from keras import ops
 
 from keras_transformer import _checks, _compat, decoding
+from keras_transformer.backend.compile import FunctionCache, compile_search
 from keras_transformer import ops as kt_ops
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, PRESETS, START_ID
 from keras_transformer.layers.embedding import SinusoidalEmbedding
@@ -111,8 +113,7 @@ class Transformer(keras.Model):
         self.start_id = start_id
         self.end_id = end_id
         # Compiled searches, per static arguments: bounded, and released with the model.
-        self._searches = _compat.FunctionCache(max_entries=8)
-        self._recorded_train_step = None  # PyTorch with jit_compile=True (see `train_step`)
+        self._searches = FunctionCache(max_entries=8)
 
         def embedding(name):
             return SinusoidalEmbedding(
@@ -152,20 +153,31 @@ class Transformer(keras.Model):
         config.update(kwargs)
         return cls(vocab_size=vocab_size, **config)
 
-    def _should_torch_compile(self):
-        # Keras' PyTorch trainer asks this before wrapping its steps in `torch.compile`,
-        # which fails on Keras layers (see `keras_transformer._compat.TrainStep`); with
-        # `jit_compile=True` the training step is recorded and replayed instead.
-        return False
+    @property
+    def jit_compile(self):
+        """Whether the training step is compiled (Keras' `jit_compile`, see `compile`).
 
-    def train_step(self, *args):
-        """Keras' training step; on PyTorch with `jit_compile=True`, recorded once per batch
-        shape and replayed (`keras_transformer._compat.TrainStep`)."""
-        if self.jit_compile and keras.backend.backend() == "torch":
-            if self._recorded_train_step is None:
-                self._recorded_train_step = _compat.TrainStep(self)
-            return self._recorded_train_step(*args)
-        return super().train_step(*args)
+        On PyTorch, `compile(jit_compile=True)` trains eagerly, with one warning. Keras
+        compiles its PyTorch step with `torch.compile`; on this model TorchDynamo breaks
+        the graph inside Keras' layer machinery and hits its recompile limit
+        (keras-team/keras#21851, open): with Keras 3.15 and torch 2.13 the first step of
+        a 2-layer model took 110 s to compile and later steps ran slower than eager, with
+        the same losses. JAX and TensorFlow compile the step with XLA, as Keras does.
+        """
+        return keras.Model.jit_compile.fget(self)
+
+    @jit_compile.setter
+    def jit_compile(self, value):
+        if value is True and keras.backend.backend() == "torch":
+            warnings.warn(
+                f"Model '{self.name}': jit_compile=True on PyTorch would wrap the training step in "
+                "torch.compile, which breaks the graph inside Keras' layers and is slower than eager "
+                "on this model (keras-team/keras#21851); training runs eagerly.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            value = False
+        keras.Model.jit_compile.fset(self, value)
 
     def build(self, inputs_shape=None):
         sequence_shape = (None, None, self.d_model)
@@ -292,28 +304,36 @@ class Transformer(keras.Model):
         min_length: int = 0,
         use_cache: bool = True,
         num_hypotheses: int = 1,
+        *,
+        call=None,
+        while_loop=None,
     ):
         """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
 
         `max_length` may be a tensor (the exporter traces it from the input's length).
         Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros. With
         `num_hypotheses=n > 1` (beam search), `(B, n, max_length)` and `(B, n)`.
+
+        `call(fn, *args)` runs the encoder call (defaults to `fn(*args)`) and
+        `while_loop` the search's loop (defaults to `keras.ops.while_loop`): the two
+        places where PyTorch's compiled search runs exported programs instead
+        (`keras_transformer.backend.torch_decoding`).
         """
         source_ids = ops.convert_to_tensor(source_ids, "int32")
-        # `recorded`: replayed without Keras' per-call Python on PyTorch (see `_compat`).
+        call = call or (lambda fn, *args: fn(*args))
         if use_cache:
-            step, cache = self.step, _compat.recorded(self.init_cache)(source_ids, max_length)
+            step, cache = self.step, call(self.init_cache, source_ids, max_length)
         else:
-            encoder_output, source_mask = _compat.recorded(self.encode)(source_ids)
+            encoder_output, source_mask = call(self.encode, source_ids)
             step, cache = self.uncached_step, {"encoder_output": encoder_output, "source_mask": source_mask}
         batch = ops.shape(source_ids)[0]
         special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
         if beam_size == 1:
-            tokens = decoding.greedy_search(step, cache, batch, max_length, **special)
+            tokens = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop, **special)
             return tokens, ops.zeros((batch,), "float32")
         return decoding.beam_search(
             step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
-            num_hypotheses=num_hypotheses, **special,
+            num_hypotheses=num_hypotheses, while_loop=while_loop, **special,
         )
 
     def translate(
@@ -328,13 +348,15 @@ class Transformer(keras.Model):
         use_cache: bool = True,
         return_scores: bool = False,
         num_hypotheses: int = 1,
+        compile: bool | str = True,
     ):
         """Beam search (section 6.1): the best output ids for each source row.
 
         The search is compiled for the backend (`jax.jit`, XLA-compiled `tf.function`;
-        on PyTorch its encoding and loop body are recorded and replayed as TorchScript
-        graphs) once per batch size, length and setting, and kept with the model (the
-        last 8).
+        on PyTorch its encoder call and one loop iteration are exported with
+        `torch.export` and replayed) once per batch size, length and setting, and kept
+        with the model (the last 8). One model may translate from several threads at
+        once.
 
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.
@@ -349,6 +371,13 @@ class Transformer(keras.Model):
             return_scores: Also return the `(B,)` scores `log P / lp` (zeros for greedy).
             num_hypotheses: n, the size of the n-best list per row, at most
                 `beam_size`. Defaults to `1`.
+            compile: Run the compiled search. `False` runs the same search eagerly,
+                op by op, on every backend (same tokens; a way out when compiling
+                fails). A search that cannot be compiled also runs eagerly, with one
+                warning naming the reason. On PyTorch, `"torch.compile"` also compiles
+                the exported programs with `torch.compile` (faster steps, seconds of
+                compilation per shape; see `keras_transformer.backend.torch_decoding`).
+                Defaults to `True`.
 
         Returns:
             Integer `(B, max_length)`: output tokens, `[END]`, then `pad_id`; and the
@@ -366,11 +395,20 @@ class Transformer(keras.Model):
         max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
         settings = (max_length, int(beam_size), float(length_penalty), int(min_length), bool(use_cache),
                     num_hypotheses)
+        mode = "default" if compile is True else compile
+
+        source_ids = ops.cast(source_ids, "int32")
+        if compile is False:
+            tokens, scores = self.search(source_ids, *settings, while_loop=decoding.eager_while_loop)
+            return (tokens, scores) if return_scores else tokens
 
         def make():
-            return _compat.compile_function(lambda ids: self.search(ids, *settings), self.variables)
+            def search(ids, **runner):
+                return self.search(ids, *settings, **runner)
 
-        tokens, scores = self._searches.get(settings, make)(ops.cast(source_ids, "int32"))
+            return compile_search(search, self.variables, name=f"search of model '{self.name}'", mode=mode)
+
+        tokens, scores = self._searches.get((*settings, mode), make)(source_ids)
         return (tokens, scores) if return_scores else tokens
 
     def get_config(self):
