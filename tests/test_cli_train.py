@@ -400,3 +400,31 @@ def test_a_progress_bar_only_in_a_terminal(monkeypatch):
     assert cli._fit_verbosity(argparse.Namespace()) == 1  # a command without --quiet
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe, a log file, CI
     assert cli._fit_verbosity(argparse.Namespace(quiet=False)) == 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="backend-independent (tokenizer files and the command line's checks): runs in the "
+                           "TensorFlow suite")
+def test_a_damaged_tokenizer_is_one_line_naming_the_file_for_every_command(tmp_path, small, capsys):
+    run = tmp_path / "run"
+    assert _run(run, small, "--steps", "4") == 0
+    (run / "metrics.json").unlink()  # not finished: the rerun resumes and reads the tokenizer
+    kind = json.loads((run / "tokenizer" / "tokenizer.json").read_text())["kind"]
+    vocab = run / "tokenizer" / ("sentencepiece.model" if kind == "sentencepiece" else "vocab.txt")
+    for damage in ("missing", "garbled"):
+        if damage == "missing":
+            saved = vocab.read_bytes()
+            vocab.unlink()
+        else:
+            vocab.write_bytes(b"\xff\xfe" + saved)
+        before = _snapshot(run)
+        capsys.readouterr()
+        for argv in (["train", "--output-dir", str(run), *small, "--steps", "4"],
+                     ["evaluate", "--run-dir", str(run), "--limit", "2"],
+                     ["translate", "--run-dir", str(run), "x y"],
+                     ["export", "--run-dir", str(run), "--output", str(tmp_path / "export")]):
+            assert cli.main(argv) == 2, (damage, argv)
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"The tokenizer file {vocab} " in err, (damage, argv, err)
+            assert "restore the file from a copy of the run directory" in err
+        assert _snapshot(run) == before and not (tmp_path / "export").exists()

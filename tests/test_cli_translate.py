@@ -170,6 +170,17 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     a_file.write_text("mine")
     assert cli.main(["export", "--run-dir", run, "--output", str(a_file)]) == 2
     assert a_file.read_text() == "mine"
+    # An --output that is the --input file, under any name, would replace the sentences.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("one two\n")
+    (tmp_path / "link.txt").symlink_to(notes)
+    os.link(notes, tmp_path / "hard.txt")
+    capsys.readouterr()
+    for output in (notes, tmp_path / "sub" / ".." / "notes.txt", tmp_path / "link.txt", tmp_path / "hard.txt"):
+        assert cli.main(["translate", "--run-dir", run, "--input", str(notes), "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is the --input file" in err, (output, err)
+    assert notes.read_text() == "one two\n" and not (tmp_path / "sub").exists()
 
 
 def test_parsing_imports_no_backend():

@@ -123,8 +123,34 @@ def test_vocabularies_written_before_sentencepiece_still_load(tmp_path):
     with pytest.raises(ValueError, match="unknown tokenizer kind 'bpe'"):
         Tokenizer.load(tmp_path / "tok")
     (tmp_path / "tok" / "tokenizer.json").write_text('{"kind": "sentencepiece", "lower_case": false, "vocab_size": 7}')
-    with pytest.raises(FileNotFoundError, match="missing sentencepiece.model"):
+    with pytest.raises(ValueError, match=r"sentencepiece.model is missing"):
         Tokenizer.load(tmp_path / "tok")
+
+
+@pytest.mark.parametrize("damage, file, says", [
+    ("delete", "tokenizer.json", "is missing"),
+    ("garble", "tokenizer.json", "is not the settings file"),
+    ("delete", "sentencepiece.model", "is missing"),
+    ("garble", "sentencepiece.model", "is not a SentencePiece model"),
+    ("truncate", "sentencepiece.model", "is not a SentencePiece model"),
+    ("folder", "sentencepiece.model", "cannot be read"),
+])
+def test_a_damaged_tokenizer_names_the_file(damage, file, says, tmp_path):
+    from keras_transformer.tools.text import TokenizerError
+
+    Tokenizer.build(UNICODE * 5, vocab_size=300, kind="sentencepiece", min_frequency=1).save(tmp_path / "tok")
+    path = tmp_path / "tok" / file
+    data = path.read_bytes()
+    path.unlink()
+    if damage == "garble":
+        path.write_bytes(b"\xff\x00 not this file" * 3)
+    elif damage == "truncate":
+        path.write_bytes(data[: len(data) // 3])
+    elif damage == "folder":
+        path.mkdir()
+    with pytest.raises(TokenizerError) as caught:
+        Tokenizer.load(tmp_path / "tok")
+    assert f"The tokenizer file {path} {says}" in str(caught.value), str(caught.value)
 
 
 def test_tensorflow_text_learner_gives_the_same_format():

@@ -266,7 +266,18 @@ def _check_translate(args) -> None:
     args.output = pathlib.Path(args.output) if args.output else None
     if args.output is not None and args.output.is_dir():
         raise RunError(f"--output {args.output} is a directory, not a file")
+    if args.output is not None and args.input and _same_file(args.input, args.output):
+        raise RunError(f"--output {args.output} is the --input file {args.input}; writing the translations "
+                       "there would replace the sentences. Give another --output")
     run_model_file(args.run_dir, args.model)
+
+
+def _same_file(a, b) -> bool:
+    """Whether two paths name one file (also through links or another spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they lead
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _run_translate(args) -> int:

@@ -43,7 +43,7 @@ def _load_tokenizer(directory):
 
     try:
         return Tokenizer.load(directory)
-    except (FileNotFoundError, ValueError) as e:
+    except ValueError as e:  # TokenizerError: names the file and what to do
         raise RunDirError(str(e)) from None
 
 

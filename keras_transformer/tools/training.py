@@ -164,7 +164,7 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     are more Keras callbacks, run after the run's own loggers and checkpoints and before
     the resumption state is saved (a stop they ask for is saved with it).
     """
-    from keras_transformer.tools.text.tokenizer import Tokenizer
+    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
 
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
@@ -186,7 +186,10 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     tokenizer_dir = output_dir / "tokenizer"
     saved_tokenizer = resuming and tokenizer_dir.is_dir()
     if saved_tokenizer:
-        tokenizer = Tokenizer.load(tokenizer_dir)
+        try:
+            tokenizer = Tokenizer.load(tokenizer_dir)
+        except TokenizerError as e:
+            raise RunError(str(e)) from None
     else:
         texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
         try:

@@ -9,7 +9,8 @@ from keras_transformer.tools.text.tokenizer import (
     RESERVED_TOKENS,
     SentencePieceTokenizer,
     Tokenizer,
+    TokenizerError,
     WordPieceTokenizer,
 )
 
-__all__ = ["corpora", "datasets", "RESERVED_TOKENS", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer"]
+__all__ = ["corpora", "datasets", "RESERVED_TOKENS", "SentencePieceTokenizer", "Tokenizer", "TokenizerError", "WordPieceTokenizer"]

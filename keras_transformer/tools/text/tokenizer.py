@@ -204,33 +204,63 @@ class Tokenizer(tf.Module):
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
-        """Read a tokenizer written by `save` (of either kind)."""
+        """Read a tokenizer written by `save` (of either kind).
+
+        Raises:
+            TokenizerError: A file of the tokenizer is missing, unreadable or not what
+                `save` wrote; the message names the file.
+        """
         directory = pathlib.Path(directory)
         config_file = directory / "tokenizer.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"No tokenizer in {directory}: missing {config_file.name}")
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        data = _read(config_file)
+        try:
+            config = json.loads(data.decode("utf-8"))
+            kind, lower_case, vocab_size = config.get("kind", "wordpiece"), config["lower_case"], config["vocab_size"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise TokenizerError(config_file, f"is not the settings file `save` writes ({type(e).__name__}: {e})")
         # Vocabularies written before SentencePiece existed here hold no kind.
-        kind = config.get("kind", "wordpiece")
         if kind == "sentencepiece":
             model_file = directory / SentencePieceTokenizer.MODEL_FILE
-            if not model_file.is_file():
-                raise FileNotFoundError(f"No tokenizer in {directory}: missing {model_file.name}")
-            tokenizer = SentencePieceTokenizer(model_file.read_bytes(), lower_case=config["lower_case"])
+            model = _read(model_file)
+            try:
+                tokenizer = SentencePieceTokenizer(model, lower_case=lower_case)
+            except (tf.errors.OpError, UnicodeDecodeError, ValueError) as e:
+                raise TokenizerError(model_file, f"is not a SentencePiece model ({type(e).__name__})")
         elif kind == "wordpiece":
             vocab_file = directory / "vocab.txt"
-            if not vocab_file.is_file():
-                raise FileNotFoundError(f"No tokenizer in {directory}: missing {vocab_file.name}")
-            vocab = vocab_file.read_text(encoding="utf-8").split("\n")[:-1]
-            tokenizer = WordPieceTokenizer(vocab, lower_case=config["lower_case"])
+            data = _read(vocab_file)
+            try:
+                vocab = data.decode("utf-8").split("\n")[:-1]
+                tokenizer = WordPieceTokenizer(vocab, lower_case=lower_case)
+            except (UnicodeDecodeError, ValueError) as e:
+                raise TokenizerError(vocab_file, f"is not a vocabulary ({type(e).__name__}: {e})")
         else:
-            raise ValueError(f"{config_file} names an unknown tokenizer kind {kind!r}; known: {list(KINDS)}")
-        if tokenizer.vocab_size != config["vocab_size"]:
-            raise ValueError(
-                f"The tokenizer in {directory} holds {tokenizer.vocab_size} tokens but "
-                f"{config_file.name} says {config['vocab_size']}."
+            raise TokenizerError(config_file, f"names an unknown tokenizer kind {kind!r}; known: {list(KINDS)}")
+        if tokenizer.vocab_size != vocab_size:
+            raise TokenizerError(
+                directory, f"holds {tokenizer.vocab_size} tokens but {config_file.name} says {vocab_size}"
             )
         return tokenizer
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory that cannot be read: the message names the file and what to do."""
+
+    def __init__(self, path, problem: str):
+        super().__init__(
+            f"The tokenizer file {path} {problem}. A run's tokenizer is written once, when the run starts: "
+            "restore the file from a copy of the run directory, or train a new run in another directory."
+        )
+
+
+def _read(path: pathlib.Path) -> bytes:
+    """The bytes of one tokenizer file, or a `TokenizerError` naming it."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise TokenizerError(path, "is missing") from None
+    except OSError as e:
+        raise TokenizerError(path, f"cannot be read ({e.strerror or type(e).__name__})") from None
 
 
 class WordPieceTokenizer(Tokenizer):
