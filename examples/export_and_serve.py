@@ -21,6 +21,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import translate_files  # noqa: E402  (the example next to this one)
 
 
+SENTENCES = ["forty-two", "three hundred and seven", "ninety thousand"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=pathlib.Path, help="A finished training run. Default: train one.")
@@ -47,9 +50,8 @@ def main(argv=None):
     print("signature 'translate':")
     print(f"  inputs:  {translate.structured_input_signature[1]}")
     print(f"  outputs: {translate.structured_outputs}")
-    sources = ["forty-two", "three hundred and seven", "ninety thousand"]
-    outputs = translate(texts=tf.constant(sources))["translation"].numpy()
-    for source, target in zip(sources, outputs):
+    outputs = translate(texts=tf.constant(SENTENCES))["translation"].numpy()
+    for source, target in zip(SENTENCES, outputs):
         print(f"  {source}  ->  {target.decode('utf-8')}")
     print(serving_instructions(output))
     return [t.decode("utf-8") for t in outputs]

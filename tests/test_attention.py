@@ -102,7 +102,10 @@ def test_precomputed_cross_attention_cache():
     y, x = rng.normal(size=(2, 3, 8)).astype("float32"), rng.normal(size=(2, 4, 8)).astype("float32")
     direct = to_numpy(layer(y, x))
     kv = layer.compute_cache(x)
-    cached, _ = layer(y, x, cache=kv)
+    # `value` beside the cache is another tensor: the keys and values must come from the cache.
+    other = np.zeros_like(x)
+    assert not np.allclose(to_numpy(layer(y, other)), direct, atol=1e-3)
+    cached, _ = layer(y, other, cache=kv)
     np.testing.assert_allclose(to_numpy(cached), direct, atol=1e-6)
 
 

@@ -131,11 +131,14 @@ def test_output_shape_and_padding_after_end():
     model = _model(seed=9)
     out = to_numpy(model.translate(_source(), max_extra_length=5), "int32")
     assert out.shape == (3, 4 + 5)  # input length + max_extra_length
+    ended_early = 0
     for row in out:
         ends = np.flatnonzero(row == model.end_id)
         if len(ends):
             assert (row[ends[0] + 1 :] == model.pad_id).all()
+            ended_early += ends[0] < len(row) - 1
         assert model.start_id not in row
+    assert ended_early >= 1, out  # the padding rule was checked on at least one row
 
 
 def test_bad_arguments():

@@ -38,17 +38,19 @@ def test_every_example_is_short_and_tested():
 def test_compose_layers():
     results = load("compose_layers").main(["--steps", "40", "--length", "8"])
     assert set(results) == {"functional", "subclassed"}
-    assert all(0.0 <= a <= 1.0 for a in results.values())
+    # At least the majority class (0.892 of the held-out tokens) after 40 steps; a broken
+    # model guesses near 0.5.
+    assert min(results.values()) >= 0.88, results
 
 
 def test_text_classifier():
-    accuracy = load("text_classifier").main(["--train-size", "600", "--epochs", "1", "--vocab-size", "200"])
-    assert 0.0 <= accuracy <= 1.0
+    accuracy = load("text_classifier").main(["--train-size", "600", "--epochs", "3", "--vocab-size", "200"])
+    assert accuracy > 0.6, accuracy  # chance is 0.5; 0.73-0.76 on the three backends
 
 
 def test_language_model():
     perplexity = load("language_model").main(["--train-size", "600", "--epochs", "1"])
-    assert np.isfinite(perplexity) and perplexity > 1.0
+    assert 1.0 < perplexity < 32.0, perplexity  # a uniform guess over the 64 pieces is 64; 7.0-7.5 measured
 
 
 def test_translate_files_then_export(tmp_path):
@@ -57,7 +59,13 @@ def test_translate_files_then_export(tmp_path):
                                            "--holdout", "8", "--eval-size", "2"])
     assert scores["sentences"] == 2 and 0.0 <= scores["chrf"] <= 100.0
     translations = load("export_and_serve").main(["--run-dir", str(run_dir), "--output", str(tmp_path / "saved")])
-    assert len(translations) == 3 and all(isinstance(t, str) for t in translations)
+    # The SavedModel's strings are the library's beam search of the same batch.
+    from keras_transformer.tools.evaluation import load_run
+
+    model, tokenizer = load_run(run_dir)
+    ids = tokenizer.tokenize_dense(load("export_and_serve").SENTENCES).numpy()
+    expected = tokenizer.detokenize_dense(model.translate(ids, beam_size=4, length_penalty=0.6))
+    assert translations == expected
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="on JAX and TensorFlow the example needs several devices, fixed when "

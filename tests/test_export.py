@@ -65,8 +65,9 @@ def test_a_model_with_other_special_ids_trains_and_translates(trained):
     assert accuracy > 0.5, accuracy  # teacher-forced, after 250 steps (chance: 1/300)
     ids = tokenizer.tokenize_dense([s for s, _ in corpus.test[:8]]).numpy()
     out = keras.ops.convert_to_numpy(model.translate(ids))
+    assert all(7 in row[:-1] for row in out), out  # a trained model ends every sentence early
     for row in out:  # [END] is 7, padding after it is 5; [START] (0) never appears
-        ends = list(row).index(7) if 7 in row else len(row)
+        ends = list(row).index(7)
         assert (row[ends + 1 :] == 5).all() and 0 not in row
     hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in corpus.test])
     scores = evaluation.score(hypotheses, [t for _, t in corpus.test], tokenizer)

@@ -135,3 +135,11 @@ def test_mixed_precision(spec, policy):
     assert np.isfinite(out).all()
     tolerance = 0.1 if policy == "mixed_bfloat16" else 0.02
     np.testing.assert_allclose(out, expected, atol=tolerance * max(1.0, np.abs(expected).max()))
+
+
+def test_every_public_layer_has_a_spec_in_this_harness():
+    # A new layer in `kt.layers` must come with a spec above: this is what checks it.
+    public = {name for name in kt.layers.__all__ if isinstance(getattr(kt.layers, name), type)
+              and issubclass(getattr(kt.layers, name), keras.layers.Layer)}
+    covered = {type(spec.make()).__name__ for spec in SPECS}
+    assert public and public <= covered, sorted(public - covered)

@@ -28,17 +28,34 @@ def test_windowed_equals_full_attention_under_band_mask(length, window, causal):
     np.testing.assert_allclose(result[has_key], expected[has_key], atol=1e-5)
 
 
+def _largest_intermediate(fn, *args):
+    """The most elements of any tensor `fn` forms, called symbolically on `args`: every
+    op's output is a `keras.KerasTensor`, whose shapes are recorded as they are made."""
+    shapes = []
+    made = keras.KerasTensor.__init__
+
+    def record(self, shape, *rest, **kwargs):
+        shapes.append(tuple(shape))
+        made(self, shape, *rest, **kwargs)
+
+    keras.KerasTensor.__init__ = record
+    try:
+        fn(*args)
+    finally:
+        keras.KerasTensor.__init__ = made
+    return max(int(np.prod(s)) for s in shapes)
+
+
 def test_no_quadratic_tensor_is_formed():
-    """The largest intermediate is (B, h, n/r, r, 3r) = 3 n r per head, not n^2."""
-    n, r = 64, 4
-    x = keras.KerasTensor((1, n, 2, 8))
-    out = kt.ops.windowed_attention(x, x, x, window=r)  # symbolic: shapes only
-    assert tuple(out.shape) == (1, n, 2, 8)
-    # Count the elements of the score tensor the op builds, by tracing its einsum shape.
-    q = keras.KerasTensor((1, n // r, r, 2, 8))
-    k = keras.KerasTensor((1, n // r, 3 * r, 2, 8))
-    scores = ops.einsum("bmqhd,bmkhd->bhmqk", q, k)
-    assert np.prod(scores.shape) == 2 * n * 3 * r < 2 * n * n
+    """The largest intermediates are the scores (B, h, n/r, r, 3r) = 3 n r per head and the
+    key windows (B, n/r, 3r, h, d_k) = 3 n d_k per head: linear in n, never n^2."""
+    n, r, h, d_k = 64, 4, 2, 8
+    x = keras.KerasTensor((1, n, h, d_k))
+    windowed = _largest_intermediate(lambda: kt.ops.windowed_attention(x, x, x, window=r))
+    assert windowed <= h * n * 3 * max(r, d_k) < h * n * n, windowed
+    # The same count sees the n x n weights of full attention (asked for, so formed): it could fail.
+    full = _largest_intermediate(lambda: kt.ops.scaled_dot_product_attention(x, x, x, return_attention_scores=True))
+    assert full >= h * n * n, full
 
 
 def test_layer_and_blocks_with_window_match_band_masked_full_attention():
