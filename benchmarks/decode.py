@@ -1,7 +1,7 @@
 """Decoding speed: greedy and beam search, with and without the KV cache, per backend.
 
 Each backend runs in its own process (a Keras backend is fixed per process). The model
-is the `tiny` preset with random weights; `[END]` is forbidden before the last step
+is a preset (`--preset`, `tiny` by default) with random weights; `[END]` is forbidden before the last step
 (`min_length`), so every run produces exactly `--output-tokens` tokens per sentence.
 Times are medians of `--repeats` runs after one warm-up run (which compiles). Every
 backend also runs the same search eagerly (`translate(..., compile=False)`, one run),
@@ -9,7 +9,12 @@ and PyTorch also with `compile="torch.compile"` (the exported programs through
 `torch.compile`; its first run includes seconds of compilation). Nothing is asserted:
 the script prints a table and writes JSON.
 
-    python benchmarks/decode.py [--backends jax tensorflow torch] [--output-tokens 64]
+`--backends ctranslate2` (with the `ctranslate2` extra) converts the same model (built
+with the seed on PyTorch) with `keras_transformer.tools.ctranslate2_export.convert_model`
+and times CTranslate2's `translate_batch` on the same inputs, float32 and int8, with
+`min_decoding_length` and `max_decoding_length` both the output length.
+
+    python benchmarks/decode.py [--backends jax tensorflow torch ctranslate2] [--preset small]
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ def measure(args) -> dict:
     import keras_transformer as kt
 
     keras.utils.set_random_seed(0)
-    model = kt.models.Transformer.from_preset("tiny", vocab_size=args.vocab_size, dropout=0.0)
+    model = kt.models.Transformer.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
     model.build()
     rng = np.random.default_rng(0)
     source = rng.integers(4, args.vocab_size, size=(args.batch, args.source_length)).astype("int32")
     n = args.output_tokens
+    if args.engine == "ctranslate2":
+        return measure_ctranslate2(args, model, source)
     results = {}
     variants = [("cached", True, True), ("uncached", False, True), ("eager", True, False)]
     if keras.backend.backend() == "torch":
@@ -74,9 +81,48 @@ def measure(args) -> dict:
     return results
 
 
+def measure_ctranslate2(args, model, source) -> dict:
+    """CTranslate2 on the same model and inputs, float32 and int8 (`compute_type`)."""
+    import tempfile
+
+    import ctranslate2
+
+    from keras_transformer.tools.ctranslate2_export import convert_model
+
+    vocabulary = ["[PAD]", "[UNK]", "[START]", "[END]"] + [f"t{i}" for i in range(4, args.vocab_size)]
+    directory = tempfile.mkdtemp(prefix="kt-decode-ct2-")
+    convert_model(model, vocabulary, directory)
+    pieces = [[vocabulary[i] for i in row] for row in source.tolist()]
+    n, results = args.output_tokens, {}
+    for compute_type in ("float32", "int8"):
+        translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                            intra_threads=os.cpu_count() or 1)
+        for search, beam_size in (("greedy", 1), ("beam", args.beam_size)):
+            def run():
+                return translator.translate_batch(pieces, beam_size=beam_size, min_decoding_length=n,
+                                                  max_decoding_length=n, length_penalty=1.0)
+            t = time.perf_counter()
+            out = run()
+            first = time.perf_counter() - t
+            assert all(len(r.hypotheses[0]) == n for r in out), [len(r.hypotheses[0]) for r in out]
+            times = []
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t)
+            median = statistics.median(times)
+            results[f"{search}_{compute_type}"] = {
+                "median_seconds": round(median, 4), "tokens_per_second": round(args.batch * n / median, 1),
+                "first_run_seconds": round(first, 2), "times": [round(x, 4) for x in times],
+            }
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="+", default=["jax", "tensorflow", "torch"])
+    parser.add_argument("--backends", nargs="+", default=["jax", "tensorflow", "torch"],
+                        help="Keras backends, and `ctranslate2` for CTranslate2 on the same model.")
+    parser.add_argument("--preset", default="tiny", help="The model's size: a Transformer preset.")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--source-length", type=int, default=16)
@@ -85,6 +131,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default=str(HERE / "results" / "decode.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="keras", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args)))
@@ -94,8 +141,10 @@ def main() -> int:
               "backends": {}}
     argv = [a for a in sys.argv[1:]]
     for backend in args.backends:
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        result = subprocess.run([sys.executable, __file__, "--child", *argv], env=env, capture_output=True, text=True)
+        engine = "ctranslate2" if backend == "ctranslate2" else "keras"
+        env = dict(os.environ, KERAS_BACKEND="torch" if engine == "ctranslate2" else backend, TF_CPP_MIN_LOG_LEVEL="3")
+        result = subprocess.run([sys.executable, __file__, "--child", "--engine", engine, *argv], env=env,
+                                capture_output=True, text=True)
         if result.returncode != 0:
             print(f"{backend}: failed\n{result.stderr[-2000:]}", file=sys.stderr)
             report["backends"][backend] = {"error": result.stderr[-2000:]}
@@ -108,6 +157,11 @@ def main() -> int:
     for backend, r in report["backends"].items():
         if "error" in r:
             print(f"{backend:<11} failed")
+            continue
+        if backend == "ctranslate2":
+            for search in ("greedy", "beam"):
+                print(f"{backend:<11}{search:<8}{r[f'{search}_float32']['tokens_per_second']:>9.0f}"
+                      f"   (int8: {r[f'{search}_int8']['tokens_per_second']:.0f})")
             continue
         for search in ("greedy", "beam"):
             extra = r.get(f"{search}_torch_compile", {}).get("tokens_per_second")

@@ -428,3 +428,20 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_for_every_command(tmp_p
             assert err.count("\n") == 1 and f"The tokenizer file {vocab} " in err, (damage, argv, err)
             assert "restore the file from a copy of the run directory" in err
         assert _snapshot(run) == before and not (tmp_path / "export").exists()
+
+
+def test_training_curves_are_drawn_without_touching_matplotlibs_backend(tmp_path):
+    import matplotlib
+
+    from keras_transformer.tools.callbacks import plot_training_curves
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a user's own choice, which drawing the curves must keep
+    try:
+        log = tmp_path / "log.csv"
+        log.write_text("epoch,loss,accuracy,val_loss,val_accuracy\n0,3.0,0.2,3.1,0.2\n1,2.0,0.5,2.2,0.4\n")
+        assert plot_training_curves(log, tmp_path / "curves.png", steps_per_epoch=10)
+        assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)

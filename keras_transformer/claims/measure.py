@@ -183,14 +183,13 @@ def write_outputs(output_dir, stem: str, results: dict, markdown: str) -> list[p
 
 
 def loglog_plot(path, series: dict, xlabel: str, ylabel: str, title: str) -> pathlib.Path:
-    """Draw `{label: (xs, ys)}` on log-log axes into a PNG (matplotlib, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Draw `{label: (xs, ys)}` on log-log axes into a PNG (a `Figure` of its own, no display,
+    the process's matplotlib backend left alone)."""
     import matplotlib.ticker
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig = Figure(figsize=(6, 4.2))
+    ax = fig.subplots()
     ticks = set()
     for label, (xs, ys) in series.items():
         pairs = [(x, y) for x, y in zip(xs, ys) if y]
@@ -206,7 +205,6 @@ def loglog_plot(path, series: dict, xlabel: str, ylabel: str, title: str) -> pat
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return pathlib.Path(path)
 
 

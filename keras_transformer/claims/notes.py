@@ -263,9 +263,10 @@ def plots(results: dict, output_dir) -> list:
         series["additive memory (MiB)"] = ([r["n"] for r in a], [r["additive_temp_bytes"] / 2**20 for r in a])
     paths.append(measure.loglog_plot(f"{output_dir}/notes_additive.png", series, "sequence length n", "cost",
                                      "Dot-product versus additive attention"))
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig = Figure(figsize=(6, 4.2))
+    ax = fig.subplots()
     for p in results["positions"]:
         longest = p["by_length"][-1]
         ax.plot(range(1, longest["length"] + 1), longest["per_position"], marker=".", label=p["positions"])
@@ -276,7 +277,6 @@ def plots(results: dict, output_dir) -> list:
     ax.legend()
     fig.tight_layout()
     fig.savefig(f"{output_dir}/notes_positions.png", dpi=120)
-    plt.close(fig)
     return paths + [f"{output_dir}/notes_positions.png"]
 
 

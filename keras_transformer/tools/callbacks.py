@@ -331,11 +331,11 @@ class TrainingCurves(keras.callbacks.Callback):
 
 
 def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
-    """Write the PNG; return `False` if the log has no rows yet."""
-    import matplotlib
+    """Write the PNG; return `False` if the log has no rows yet.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a `matplotlib.figure.Figure` of its own (saved through the Agg canvas), so
+    the process's matplotlib backend and pyplot's figures are left alone."""
+    from matplotlib.figure import Figure
 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -345,7 +345,8 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
     panels = [("loss", ("loss", "val_loss")), ("accuracy", ("accuracy", "val_accuracy"))]
     if "val_bleu" in rows[0]:  # written by TranslationScores
         panels.append(("validation translations", ("val_bleu", "val_chrf", "val_exact_match")))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    fig = Figure(figsize=(5 * len(panels), 4))
+    axes = fig.subplots(1, len(panels))
     for ax, (title, keys) in zip(axes, panels):
         for key in keys:
             if key in rows[0]:
@@ -358,8 +359,7 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
         ax.legend()
     fig.tight_layout()
     with files.atomic_write(png_path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
+        fig.savefig(tmp, dpi=100, format="png")
     return True
 
 

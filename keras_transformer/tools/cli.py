@@ -19,7 +19,7 @@ import tempfile
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, PRESETS
 from keras_transformer.tools.config import RunError, TrainConfig, busy_error
-from keras_transformer.tools.files import RunDirError, lock_held, run_model_file
+from keras_transformer.tools.files import RunDirError, lock_held, run_model_file, tokenizer_kind
 
 
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -324,21 +324,47 @@ def _export_parser(sub) -> None:
     p = _command(
         sub,
         "export",
-        help="Write a SavedModel that translates strings to strings.",
+        help="Write a SavedModel (or a CTranslate2 model) that translates strings to strings.",
         description="Export a training run as a TensorFlow SavedModel whose `translate` signature "
                     "maps a batch of strings to a batch of strings (tokenizer, beam search and "
-                    "detokenizer inside). Runs the TensorFlow backend in a child process when "
-                    "KERAS_BACKEND is jax or torch.",
+                    "detokenizer inside; runs the TensorFlow backend in a child process when "
+                    "KERAS_BACKEND is jax or torch), or with --format ctranslate2 as a CTranslate2 "
+                    "model directory with the run's SentencePiece model.",
     )
     _run_dir_flag(p)
-    p.add_argument("--output", default="artifacts/translator", help="SavedModel directory to write.")
+    p.add_argument("--output", default="artifacts/translator", help="Directory to write.")
+    p.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                   help="savedmodel: TensorFlow Serving, strings in and out. ctranslate2: the CTranslate2 "
+                        "engine (needs the `ctranslate2` extra; SentencePiece runs only).")
+    p.add_argument("--quantization", metavar="TYPE",
+                   help="ctranslate2 only: CTranslate2's weight type, e.g. int8, int8_float32, float16 "
+                        "[default: the float32 weights]")
     _decoding_flags(p, batch=False)
     p.set_defaults(handler=_run_export, check=_check_export)
 
 
 def _check_export(args) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise RunError(f"--output {args.output} is a file; give a directory for the SavedModel.")
+        raise RunError(f"--output {args.output} is a file; give a directory for the {args.format} export.")
+    if args.format != "ctranslate2":
+        if args.quantization is not None:
+            raise RunError("--quantization applies to --format ctranslate2 only")
+    else:
+        try:
+            from keras_transformer.tools.ctranslate2_export import quantizations
+            known = quantizations()
+        except ImportError:
+            raise RunError("--format ctranslate2 needs the ctranslate2 package: pip install "
+                           "'keras-transformer[ctranslate2]'") from None
+        if args.quantization is not None and args.quantization not in known:
+            raise RunError(f"--quantization {args.quantization} is not a CTranslate2 weight type; "
+                           f"known: {', '.join(known)}")
+        if os.path.isdir(args.output) and os.listdir(args.output):
+            raise RunError(f"--output {args.output} exists and is not empty; give a new directory")
+        kind = tokenizer_kind(pathlib.Path(args.run_dir) / "tokenizer")
+        if kind not in (None, "sentencepiece"):
+            raise RunError(f"the run's tokenizer is {kind}: a CTranslate2 model is served with SentencePiece "
+                           "alone; export a SavedModel, or train with --tokenizer sentencepiece")
     run_model_file(args.run_dir, args.model)
 
 
@@ -346,6 +372,20 @@ def _run_export(args) -> int:
     from keras_transformer.tools import evaluation, export
 
     model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    if args.format == "ctranslate2":
+        from keras_transformer.tools.ctranslate2_export import (
+            CTranslate2Error,
+            export_ctranslate2,
+            serving_instructions as ctranslate2_instructions,
+        )
+
+        try:
+            export_ctranslate2(model, tokenizer, args.output, quantization=args.quantization)
+        except CTranslate2Error as e:
+            raise RunError(str(e)) from None
+        print(f"CTranslate2 model written to {args.output}" + (f" ({args.quantization})" if args.quantization else ""))
+        print(ctranslate2_instructions(os.path.abspath(args.output), tokenizer.lower_case))
+        return 0
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
     print(f"SavedModel written to {args.output}")
     print(serving_instructions(args.output))

@@ -22,6 +22,17 @@ class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
 
+def tokenizer_kind(directory) -> str | None:
+    """The kind written in a tokenizer directory's `tokenizer.json` ("wordpiece" for the
+    files written before SentencePiece existed), or None if it cannot be read: loading
+    the run reports that. Needs no backend."""
+    try:
+        config = json.loads((pathlib.Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
+        return str(config.get("kind", "wordpiece"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     """The model file of a run directory written by `train`, checked to exist.
 

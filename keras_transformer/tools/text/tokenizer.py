@@ -332,6 +332,11 @@ class SentencePieceTokenizer(Tokenizer):
         vocab = [t.decode("utf-8") for t in sp.id_to_string(tf.range(sp.vocab_size())).numpy()]
         super().__init__(vocab, lower_case)
 
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model (what `sentencepiece.model` holds)."""
+        return self._model
+
     def _sentencepiece(self):
         # Made inside each traced function, not kept: the SentencePiece op's model is
         # owned by its kernel, and TensorFlow drops eager kernels whenever a global seed
