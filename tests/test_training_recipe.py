@@ -127,6 +127,44 @@ def test_training_state_restores_weights_optimizer_and_epoch(tmp_path):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b))
 
 
+def _old_writer(variables):
+    # The format before weights were named: arrays by position in `model.weights`.
+    return {f"v{i:05d}": to_numpy(v) for i, v in enumerate(variables)}
+
+
+def test_state_and_checkpoints_by_name_and_in_the_older_positional_format(tmp_path):
+    model = _compiled_model()
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    names = kt_callbacks.weights_of(model)
+    assert "embedding/embeddings" in names and "encoder/encoder_block_0/self_attention/query_dense/kernel" in names
+    # A state written by the older release: model and optimizer variables by position.
+    old = {f"model_{k}": v for k, v in _old_writer(model.weights).items()}
+    old.update({f"optimizer_{k}": v for k, v in _old_writer(model.optimizer.variables).items()})
+    np.savez(tmp_path / "state.npz", epochs_done=np.array(2), **old)
+    fresh = _compiled_model()  # another Keras name ("transformer_1"): names are relative to the model
+    assert kt_callbacks.TrainingState.restore(fresh, tmp_path) == 2
+    for a, b in zip(model.weights + model.optimizer.variables, fresh.weights + fresh.optimizer.variables):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    # A checkpoint of either format loads.
+    np.savez(tmp_path / "old.npz", **_old_writer(model.weights))
+    np.savez(tmp_path / "new.npz", **kt_callbacks.weights_of(model))
+    for checkpoint in ("old.npz", "new.npz"):
+        other = _compiled_model()
+        assert kt_callbacks.average_checkpoints(other, [tmp_path / checkpoint]) == 1
+        for a, b in zip(model.weights, other.weights):
+            np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=1e-6)
+    # A named checkpoint that lacks a weight, or an old one of other shapes, is refused by name.
+    renamed = dict(names)
+    renamed["embedding/renamed"] = renamed.pop("embedding/embeddings")
+    with pytest.raises(ValueError, match=r"no array for \['embedding/embeddings'\]"):
+        kt_callbacks.set_weights(_compiled_model(), renamed)
+    wider = kt.models.Transformer(vocab_size=11, num_layers=1, d_model=12, num_heads=2, d_ff=16)
+    wider.build()
+    with pytest.raises(ValueError, match=r"the array for .*embeddings has shape \(11, 8\), the weight \(11, 12\)"):
+        kt_callbacks.set_weights(wider, _old_writer(model.weights))
+
+
 def test_a_ctrl_c_that_keras_drops_still_stops_fit_at_the_next_batch():
     # Keras' `pythonify_logs` converts each batch's logs inside a bare `except:`; on JAX
     # the SIGINT lands there and its KeyboardInterrupt is dropped. Recreate that drop on

@@ -27,25 +27,72 @@ def _save_npz(path: pathlib.Path, **arrays) -> None:
         np.savez(tmp, **arrays)
 
 
-def _weights_dict(variables) -> dict[str, np.ndarray]:
-    return {f"v{i:05d}": keras.ops.convert_to_numpy(v) for i, v in enumerate(variables)}
+def _names(variables, *prefixes: str) -> list[str]:
+    """Each variable's path without the leading `prefixes` (the model's or the
+    optimizer's own name, which Keras numbers per process: `transformer_1/...`)."""
+    names = []
+    for v in variables:
+        name = v.path
+        for prefix in prefixes:
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise ValueError("two variables share a path; a checkpoint cannot tell them apart")
+    return names
+
+
+def _model_names(model) -> list[str]:
+    return _names(model.weights, f"{model.name}/")
+
+
+def _optimizer_names(model) -> list[str]:
+    # Keras names a slot after the path of its weight: "adam/transformer_encoder_..._momentum".
+    return _names(model.optimizer.variables, f"{model.optimizer.name}/", f"{model.name}_")
+
+
+def _weights_dict(variables, names) -> dict[str, np.ndarray]:
+    """`{name: array}`: a checkpoint names every weight, so a model whose layers were
+    reordered still loads each array into the weight it belongs to."""
+    return {name: keras.ops.convert_to_numpy(v) for name, v in zip(names, variables)}
+
+
+def _positional(arrays: dict) -> bool:
+    """Whether `arrays` is the format before weights were named: `v00000`, `v00001`, ...
+    in the order of `model.weights`."""
+    return bool(arrays) and all(k[:1] == "v" and k[1:].isdigit() for k in arrays)
 
 
 def weights_of(model: keras.Model) -> dict[str, np.ndarray]:
-    """The model's weights as NumPy arrays, as checkpoints hold them."""
-    return _weights_dict(model.weights)
+    """The model's weights as NumPy arrays by name, as checkpoints hold them."""
+    return _weights_dict(model.weights, _model_names(model))
 
 
 def set_weights(model: keras.Model, arrays: dict) -> None:
     """Assign what `weights_of` returned."""
-    _assign(model.weights, arrays, "weights")
+    _assign(model.weights, _model_names(model), arrays, "weights")
 
 
-def _assign(variables, arrays: dict, what: str) -> None:
-    if len(arrays) != len(variables):
-        raise ValueError(f"{what} holds {len(arrays)} arrays; the model has {len(variables)} variables.")
-    for i, v in enumerate(variables):
-        v.assign(arrays[f"v{i:05d}"])
+def _assign(variables, names, arrays: dict, what: str) -> None:
+    """Assign `arrays` (by name, or by position in the older format), checking that every
+    variable gets one array of its shape; else a `ValueError` naming `what`."""
+    variables = list(variables)
+    if _positional(arrays):
+        if len(arrays) != len(variables):
+            raise ValueError(f"{what} holds {len(arrays)} arrays; the model has {len(variables)} variables.")
+        pairs = [(v, arrays[f"v{i:05d}"]) for i, v in enumerate(variables)]
+    else:
+        missing = [n for n in names if n not in arrays]
+        unknown = sorted(set(arrays) - set(names))
+        if missing or unknown:
+            raise ValueError(f"{what} does not match the model: no array for {missing[:3]}, arrays for no "
+                             f"weight {unknown[:3]}.")
+        pairs = [(v, arrays[n]) for v, n in zip(variables, names)]
+    for v, array in pairs:
+        if tuple(array.shape) != tuple(v.shape):
+            raise ValueError(f"{what}: the array for {v.path} has shape {tuple(array.shape)}, the weight "
+                             f"{tuple(v.shape)}.")
+    for v, array in pairs:
+        v.assign(array)
 
 
 class Interruptible(keras.callbacks.Callback):
@@ -117,8 +164,9 @@ class TrainingState(keras.callbacks.Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def on_epoch_end(self, epoch, logs=None):
-        arrays = {f"model_{k}": v for k, v in _weights_dict(self.model.weights).items()}
-        arrays.update({f"optimizer_{k}": v for k, v in _weights_dict(self.model.optimizer.variables).items()})
+        arrays = {f"model_{k}": v for k, v in weights_of(self.model).items()}
+        optimizer = _weights_dict(self.model.optimizer.variables, _optimizer_names(self.model))
+        arrays.update({f"optimizer_{k}": v for k, v in optimizer.items()})
         # A stop asked for by a callback (a target reached) is part of the state: a
         # resumed run does not train past it.
         stopped = bool(getattr(self.model, "stop_training", False))
@@ -171,8 +219,8 @@ class TrainingState(keras.callbacks.Callback):
         path = pathlib.Path(directory) / cls.FILENAME
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        _assign(model.weights, model_part, f"{path} (model)")
-        _assign(model.optimizer.variables, optimizer_part, f"{path} (optimizer)")
+        _assign(model.weights, _model_names(model), model_part, f"{path} (model)")
+        _assign(model.optimizer.variables, _optimizer_names(model), optimizer_part, f"{path} (optimizer)")
         return epochs_done
 
 
@@ -191,7 +239,7 @@ class _CheckpointKeeper(keras.callbacks.Callback):
         return self.directory / f"checkpoint_{epoch_number:06d}.npz"
 
     def _save(self, epoch_number: int) -> None:
-        _save_npz(self._path(epoch_number), **_weights_dict(self.model.weights))
+        _save_npz(self._path(epoch_number), **weights_of(self.model))
 
 
 class CheckpointAverager(_CheckpointKeeper):
@@ -305,9 +353,12 @@ def average_checkpoints(model: keras.Model, paths) -> int:
     total = None
     for path in paths:
         with np.load(path) as data:
-            arrays = [data[f"v{i:05d}"].astype("float64") for i in range(len(data.files))]
-        total = arrays if total is None else [t + a for t, a in zip(total, arrays)]
-    _assign(model.weights, {f"v{i:05d}": t / len(paths) for i, t in enumerate(total)}, "average")
+            arrays = {k: data[k].astype("float64") for k in data.files}
+        if total is not None and set(arrays) != set(total):
+            raise ValueError(f"{path} holds other weights than {paths[0]}; they cannot be averaged.")
+        total = arrays if total is None else {k: t + arrays[k] for k, t in total.items()}
+    _assign(model.weights, _model_names(model), {k: t / len(paths) for k, t in total.items()},
+            f"the average of {paths[0].parent}")
     return len(paths)
 
 

@@ -345,7 +345,8 @@ def _export_parser(sub) -> None:
 
 def _check_export(args) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise RunError(f"--output {args.output} is a file; give a directory for the {args.format} export.")
+        kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
+        raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
     if args.format != "ctranslate2":
         if args.quantization is not None:
             raise RunError("--quantization applies to --format ctranslate2 only")
