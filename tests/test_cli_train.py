@@ -445,3 +445,22 @@ def test_training_curves_are_drawn_without_touching_matplotlibs_backend(tmp_path
         assert matplotlib.get_backend() == "svg"
     finally:
         matplotlib.use(before)
+
+
+def test_every_setting_is_a_flag_and_help_prints_each_default_once(capsys):
+    import dataclasses
+
+    from keras_transformer.tools.config import TrainConfig
+
+    with pytest.raises(SystemExit):
+        cli.parse(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for field in dataclasses.fields(TrainConfig):
+        assert f"--{field.name.replace('_', '-')}" in text, field.name
+    entries = re.split(r" (?=--[a-z-]+ )", text)
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert not [e for e in entries if "(default:" in e and "[default:" in e]
+    # A flag parsed is the field's value: the defaults are the config's.
+    defaults = cli.parse(["train"])
+    assert {f.name: getattr(defaults, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "corpus"} == \
+        {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "corpus"}

@@ -22,10 +22,19 @@ from keras_transformer.tools.config import RunError, TrainConfig, busy_error
 from keras_transformer.tools.files import RunDirError, lock_held, run_model_file, tokenizer_kind
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default once: argparse's `(default: ...)`, except where there is none to
+    show (`None`, an off switch) or the help already says it (`[default: ...]`)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "[default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """A sub-command's parser, its defaults shown in --help."""
-    return sub.add_parser(name, help=help, description=description,
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter)
 
 
 def _run_dir_flag(p) -> None:
@@ -36,7 +45,6 @@ def _run_dir_flag(p) -> None:
 
 
 def _train_parser(sub) -> None:
-    d = TrainConfig()
     p = _command(
         sub,
         "train",
@@ -48,77 +56,36 @@ def _train_parser(sub) -> None:
             "The backend is KERAS_BACKEND (tensorflow, jax or torch)."
         ),
     )
-    g = p.add_argument_group("corpus")
-    g.add_argument("--corpus", choices=["numbers", "files", "tsv"], default=None,
-                   help="numbers: built-in English->German number words (no download). "
-                        "Implied by --source-file/--target-file or --tsv. [default: numbers]")
-    g.add_argument("--source-file", help="Source side, one sentence per line (plain or .gz).")
-    g.add_argument("--target-file", help="Target side, aligned line by line with --source-file.")
-    g.add_argument("--tsv", help="Tab-separated 'source<TAB>target' pairs (Tatoeba / Anki format).")
-    g.add_argument("--holdout", type=int, default=d.holdout,
-                   help="Pairs held out for validation and again for test (files / tsv).")
-    g.add_argument("--train-size", type=int, default=d.train_size, help="Training pairs of the numbers corpus.")
-    g.add_argument("--tokenizer", choices=["sentencepiece", "wordpiece"], default=d.tokenizer,
-                   help="sentencepiece: translations come back as ordinary text (spacing and punctuation "
-                        "as written). wordpiece: BERT's split, spaces around punctuation in the output.")
-    g.add_argument("--vocab-size", type=int, default=d.vocab_size, help="Largest shared vocabulary size.")
-    g.add_argument("--min-frequency", type=int, default=d.min_frequency,
-                   help="WordPiece: fewest occurrences of a pair of pieces to merge it into a vocabulary piece.")
-    g.add_argument("--lower-case", action="store_true", help="Lower-case text before tokenizing.")
-    g.add_argument("--reverse", action="store_true",
-                   help="Translate the other way: the TSV's second column (or --target-file, or German numbers) "
-                        "is the source.")
-    g.add_argument("--max-length", type=int, default=d.max_length, help="Longest sentence in tokens; longer pairs are dropped.")
-    m = p.add_argument_group("model")
-    m.add_argument("--preset", choices=sorted(PRESETS), default=d.preset,
-                   help="Model sizes: base and big are the paper's (Table 3); small (3+3 layers, d_model 256) "
-                        "suits real corpora on a CPU; tiny, the numbers corpus.")
-    m.add_argument("--num-layers", type=int, help="Override the preset's N.")
-    m.add_argument("--d-model", type=int, help="Override the preset's d_model.")
-    m.add_argument("--num-heads", type=int, help="Override the preset's h.")
-    m.add_argument("--d-ff", type=int, help="Override the preset's d_ff.")
-    m.add_argument("--dropout", type=float, help="Override the preset's P_drop.")
-    t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=d.steps, help="Total optimizer steps (updates).")
-    t.add_argument("--accumulate-steps", type=int, default=d.accumulate_steps, metavar="N",
-                   help="Average the gradients of N batches into each update: N times --batch-tokens per step "
-                        "(the paper's ~25,000 target tokens on small hardware).")
-    t.add_argument("--epochs", type=int, help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
-    t.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
-                   help="Steps between evaluations, checkpoints and log rows.")
-    t.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
-                   help="Token budget per batch and side (the paper used about 25000).")
-    t.add_argument("--warmup-steps", type=int, help="Warm-up steps. [default: 4000 (the paper) for base/big, 1000 for small, 400 for tiny]")
-    t.add_argument("--learning-rate-scale", type=float, default=d.learning_rate_scale,
-                   help="Factor on the paper's learning-rate formula.")
-    t.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help="eps_ls.")
-    t.add_argument("--average-checkpoints", type=int, default=d.average_checkpoints, metavar="K",
-                   help="Average K epoch checkpoints into the final model (paper 6.1: the last 5).")
-    t.add_argument("--average-from", choices=["last", "best"], default=d.average_from,
-                   help="Which K to average: the last K epochs (the paper) or the K with the best validation BLEU "
-                        "(needs --validate-translations).")
-    t.add_argument("--validate-translations", type=int, default=d.validate_translations, metavar="N",
-                   help="Translate the first N validation pairs every epoch; log val_bleu, val_chrf and "
-                        "val_exact_match, and keep the best epoch in OUTPUT_DIR/best/.")
-    t.add_argument("--validation-beam-size", type=int, default=d.validation_beam_size, metavar="K",
-                   help="Beam size of those translations (1: greedy, the fastest).")
-    t.add_argument("--early-stopping", type=int, metavar="N",
-                   help="Stop after N epochs in a row without a better validation BLEU (needs --validate-translations).")
-    t.add_argument("--mixed-precision", choices=["bfloat16", "float16"],
-                   help="Compute in this precision, keep weights in float32 (Keras' mixed policy; float16 "
-                        "scales the loss). Saved with the run: resume, evaluate and export use it.")
-    t.add_argument("--stop-at-exact-match", type=float, metavar="SHARE",
-                   help="Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. "
-                        "Needs --validate-translations. Epochs are then ranked by exact match, not BLEU "
-                        "(best/, --early-stopping, --average-from best).")
-    t.add_argument("--stop-checks", type=int, default=d.stop_checks, metavar="N",
-                   help="Stop only when --stop-at-exact-match is reached on N epochs in a row: one check of a "
-                        "few hundred pairs can pass by luck.")
-    t.add_argument("--seed", type=int, default=d.seed, help="Random seed (data order, initialisation).")
+    groups = {}
+    for field in dataclasses.fields(TrainConfig):  # one flag per setting, from its metadata
+        group = field.metadata["group"]
+        if group not in groups:
+            groups[group] = p.add_argument_group(group)
+        _add_setting_flag(groups[group], field)
+    groups["training"].add_argument("--epochs", type=int,
+                                    help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.set_defaults(handler=_run_train, check=_check_train)
+
+
+def _add_setting_flag(group, field) -> None:
+    """`--field-name` for one `TrainConfig` field, from its metadata (see `config._setting`)."""
+    meta = dict(field.metadata)
+    help_text, shown = meta.pop("help"), meta.pop("shown_default", None)
+    meta.pop("group")
+    flag = f"--{field.name.replace('_', '-')}"
+    if isinstance(field.default, bool):
+        group.add_argument(flag, action="store_true", help=help_text)
+        return
+    if meta.pop("implied", False):  # the default is worked out from other flags
+        group.add_argument(flag, default=None, help=f"{help_text} [default: {field.default}]", **meta)
+        return
+    if shown is not None:
+        help_text = f"{help_text} [default: {shown}]"
+    kind = meta.pop("type", None) or type(field.default)
+    group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
 
 
 def _check_train(args) -> None:

@@ -19,44 +19,91 @@ def busy_error(output_dir) -> RunError:
     return RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
 
 
+def _setting(default, help: str, group: str, **flag):
+    """A `TrainConfig` field and its command-line flag, written once: the flag is
+    `--field-name`; `help` is its help text; `flag` holds more of `add_argument`'s
+    arguments (`choices`, `metavar`, `type` where the default is `None`) and
+    `shown_default`, what `--help` prints where the default is `None`."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, **flag})
+
+
+CORPUS, MODEL, TRAINING = "corpus", "model", "training"
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything that defines a run. Two runs with equal configs are the same run."""
+    """Everything that defines a run. Two runs with equal configs are the same run.
 
-    corpus: str = "numbers"  # "numbers", "files" or "tsv"
-    source_file: str | None = None
-    target_file: str | None = None
-    tsv: str | None = None
-    holdout: int = 500  # pairs held out for validation and for test (files / tsv)
-    train_size: int = 50_000  # numbers corpus
-    preset: str = "tiny"
-    num_layers: int | None = None
-    d_model: int | None = None
-    num_heads: int | None = None
-    d_ff: int | None = None
-    dropout: float | None = None
-    tokenizer: str = "sentencepiece"  # or "wordpiece"
-    vocab_size: int = 2000
-    min_frequency: int = 20  # fewest occurrences of a pair to become a vocabulary piece
-    lower_case: bool = False
-    max_length: int = 64
-    reverse: bool = False  # translate the corpus's second side into its first
-    batch_tokens: int = 4096
-    steps: int = 1250  # optimizer updates
-    accumulate_steps: int = 1  # batches whose gradients are averaged into one update
-    steps_per_epoch: int = 125  # also the checkpoint interval
-    warmup_steps: int | None = None  # None: 4000 (the paper) for base/big, 1000 for small, 400 for tiny
-    learning_rate_scale: float = 1.0
-    label_smoothing: float = 0.1
-    average_checkpoints: int = 5
-    average_from: str = "last"  # "last" k epochs (the paper) or the "best" k by validation BLEU
-    validate_translations: int = 0  # validation pairs translated (greedy) and scored every epoch
-    validation_beam_size: int = VALIDATION_BEAM_SIZE
-    stop_at_exact_match: float | None = None  # stop once their exact-match share reaches this
-    stop_checks: int = 1  # ... on this many epochs in a row
-    early_stopping: int | None = None  # stop after this many epochs without a better validation BLEU
-    mixed_precision: str | None = None  # "bfloat16" or "float16": Keras' mixed dtype policy
-    seed: int = 0
+    Each field is also a `keras-transformer train` flag (`--field-name`), generated
+    from the field's metadata (`_setting`): adding a setting is adding a field here.
+    """
+
+    corpus: str = _setting(
+        "numbers", "numbers: built-in English->German number words (no download). Implied by "
+        "--source-file/--target-file or --tsv.", CORPUS, choices=("numbers", "files", "tsv"), implied=True)
+    source_file: str | None = _setting(None, "Source side, one sentence per line (plain or .gz).", CORPUS, type=str)
+    target_file: str | None = _setting(None, "Target side, aligned line by line with --source-file.", CORPUS,
+                                       type=str)
+    tsv: str | None = _setting(None, "Tab-separated 'source<TAB>target' pairs (Tatoeba / Anki format).", CORPUS,
+                               type=str)
+    holdout: int = _setting(500, "Pairs held out for validation and again for test (files / tsv).", CORPUS)
+    train_size: int = _setting(50_000, "Training pairs of the numbers corpus.", CORPUS)
+    tokenizer: str = _setting(
+        "sentencepiece", "sentencepiece: translations come back as ordinary text (spacing and punctuation as "
+        "written). wordpiece: BERT's split, spaces around punctuation in the output.", CORPUS,
+        choices=("sentencepiece", "wordpiece"))
+    vocab_size: int = _setting(2000, "Largest shared vocabulary size.", CORPUS)
+    min_frequency: int = _setting(
+        20, "WordPiece: fewest occurrences of a pair of pieces to merge it into a vocabulary piece.", CORPUS)
+    lower_case: bool = _setting(False, "Lower-case text before tokenizing.", CORPUS)
+    reverse: bool = _setting(
+        False, "Translate the other way: the TSV's second column (or --target-file, or German numbers) is the "
+        "source.", CORPUS)
+    max_length: int = _setting(64, "Longest sentence in tokens; longer pairs are dropped.", CORPUS)
+    preset: str = _setting(
+        "tiny", "Model sizes: base and big are the paper's (Table 3); small (3+3 layers, d_model 256) suits real "
+        "corpora on a CPU; tiny, the numbers corpus.", MODEL, choices=tuple(sorted(PRESETS)))
+    num_layers: int | None = _setting(None, "Override the preset's N.", MODEL, type=int)
+    d_model: int | None = _setting(None, "Override the preset's d_model.", MODEL, type=int)
+    num_heads: int | None = _setting(None, "Override the preset's h.", MODEL, type=int)
+    d_ff: int | None = _setting(None, "Override the preset's d_ff.", MODEL, type=int)
+    dropout: float | None = _setting(None, "Override the preset's P_drop.", MODEL, type=float)
+    steps: int = _setting(1250, "Total optimizer steps (updates).", TRAINING)
+    accumulate_steps: int = _setting(
+        1, "Average the gradients of N batches into each update: N times --batch-tokens per step (the paper's "
+        "~25,000 target tokens on small hardware).", TRAINING, metavar="N")
+    steps_per_epoch: int = _setting(125, "Steps between evaluations, checkpoints and log rows.", TRAINING)
+    batch_tokens: int = _setting(
+        4096, "Token budget per batch and side (the paper used about 25000).", TRAINING)
+    warmup_steps: int | None = _setting(
+        None, "Warm-up steps.", TRAINING, type=int,
+        shown_default="4000 (the paper) for base/big, 1000 for small, 400 for tiny")
+    learning_rate_scale: float = _setting(1.0, "Factor on the paper's learning-rate formula.", TRAINING)
+    label_smoothing: float = _setting(0.1, "eps_ls.", TRAINING)
+    average_checkpoints: int = _setting(
+        5, "Average K epoch checkpoints into the final model (paper 6.1: the last 5).", TRAINING, metavar="K")
+    average_from: str = _setting(
+        "last", "Which K to average: the last K epochs (the paper) or the K with the best validation BLEU (needs "
+        "--validate-translations).", TRAINING, choices=("last", "best"))
+    validate_translations: int = _setting(
+        0, "Translate the first N validation pairs every epoch; log val_bleu, val_chrf and val_exact_match, and "
+        "keep the best epoch in OUTPUT_DIR/best/.", TRAINING, metavar="N")
+    validation_beam_size: int = _setting(
+        VALIDATION_BEAM_SIZE, "Beam size of those translations (1: greedy, the fastest).", TRAINING, metavar="K")
+    stop_at_exact_match: float | None = _setting(
+        None, "Stop once the validation exact match reaches SHARE (0-1), e.g. 0.99. Needs "
+        "--validate-translations. Epochs are then ranked by exact match, not BLEU (best/, --early-stopping, "
+        "--average-from best).", TRAINING, type=float, metavar="SHARE")
+    stop_checks: int = _setting(
+        1, "Stop only when --stop-at-exact-match is reached on N epochs in a row: one check of a few hundred "
+        "pairs can pass by luck.", TRAINING, metavar="N")
+    early_stopping: int | None = _setting(
+        None, "Stop after N epochs in a row without a better validation BLEU (needs --validate-translations).",
+        TRAINING, type=int, metavar="N")
+    mixed_precision: str | None = _setting(
+        None, "Compute in this precision, keep weights in float32 (Keras' mixed policy; float16 scales the "
+        "loss). Saved with the run: resume, evaluate and export use it.", TRAINING, type=str, choices=MIXED_PRECISION)
+    seed: int = _setting(0, "Random seed (data order, initialisation).", TRAINING)
 
     def validate(self) -> None:
         """Check every setting at once; raise `RunError` naming each flag that is wrong.
