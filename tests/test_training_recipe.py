@@ -242,3 +242,20 @@ def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeyp
     assert not model.stop_training
     with pytest.raises(ValueError, match="stop_checks"):
         kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=0)
+
+
+@pytest.mark.parametrize("how, reason", [("request_stop", "the budget is spent"),
+                                         ("stop_training", "a callback asked to stop"), (None, "")])
+def test_the_reason_a_run_stopped_is_saved_when_it_is_decided(tmp_path, how, reason):
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0 and how == "request_stop":
+                kt_callbacks.request_stop(self.model, "the budget is spent")
+            elif epoch == 0 and how == "stop_training":
+                self.model.stop_training = True
+
+    model = _compiled_model()
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[Stop(), kt_callbacks.TrainingState(tmp_path)])
+    assert kt_callbacks.TrainingState.stop_reason(tmp_path) == reason
+    assert kt_callbacks.TrainingState.progress(tmp_path) == ((1, True) if how else (3, False))

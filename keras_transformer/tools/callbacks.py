@@ -143,6 +143,13 @@ class Interruptible(keras.callbacks.Callback):
     on_epoch_end = on_test_end = _raise_if_interrupted
 
 
+def request_stop(model: keras.Model, reason: str) -> None:
+    """Stop `model.fit` after this batch or epoch, and say why: `model.stop_training` (Keras'
+    own switch) and `model.stop_reason`, which `TrainingState` saves with the run."""
+    model.stop_training = True
+    model.stop_reason = reason
+
+
 class TrainingState(keras.callbacks.Callback):
     """Saves everything needed to resume at the end of every epoch: `state.npz`.
 
@@ -163,6 +170,9 @@ class TrainingState(keras.callbacks.Callback):
         self.path = pathlib.Path(directory) / self.FILENAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
+    def on_train_begin(self, logs=None):
+        self.model.stop_reason = None  # a reason is this fit's, never an earlier one's
+
     def on_epoch_end(self, epoch, logs=None):
         arrays = {f"model_{k}": v for k, v in weights_of(self.model).items()}
         optimizer = _weights_dict(self.model.optimizer.variables, _optimizer_names(self.model))
@@ -170,7 +180,9 @@ class TrainingState(keras.callbacks.Callback):
         # A stop asked for by a callback (a target reached) is part of the state: a
         # resumed run does not train past it.
         stopped = bool(getattr(self.model, "stop_training", False))
-        _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped), **arrays)
+        reason = getattr(self.model, "stop_reason", None) or "a callback asked to stop"
+        _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped),
+                  stop_reason=np.array(reason if stopped else ""), **arrays)
 
     @classmethod
     def _read(cls, directory, read):
@@ -200,6 +212,17 @@ class TrainingState(keras.callbacks.Callback):
     def stopped(cls, directory) -> bool:
         """Whether the saved run was stopped by a callback before its last epoch."""
         return cls.progress(directory)[1]
+
+    @classmethod
+    def stop_reason(cls, directory) -> str:
+        """Why the saved run stopped, as the callback that stopped it said when it decided
+        (`request_stop`); empty if it did not stop early."""
+        def read(data):
+            if not ("stopped" in data.files and bool(data["stopped"])):
+                return ""
+            return str(data["stop_reason"]) if "stop_reason" in data.files else "a callback asked to stop"
+
+        return cls._read(directory, read) or ""
 
     @classmethod
     def restore(cls, model: keras.Model, directory) -> int:
@@ -337,7 +360,8 @@ class BestCheckpoints(_CheckpointKeeper):
             if int(path.stem.split("_")[1]) not in keep:
                 path.unlink()
         if self.patience_exhausted():
-            self.model.stop_training = True
+            name = {"bleu": "BLEU", "chrf": "chrF", "exact_match": "exact match"}[self.metric]
+            request_stop(self.model, f"validation {name} did not improve for {self.patience} epochs")
 
     def patience_exhausted(self) -> bool:
         """Whether `patience` epochs have passed since the best one."""
@@ -463,4 +487,5 @@ class TranslationScores(keras.callbacks.Callback):
         if target is not None:
             self._passed = self._passed + 1 if scores["exact_match"] >= target else 0
             if self._passed >= self.stop_checks:
-                self.model.stop_training = True
+                times = f" on {self.stop_checks} epochs in a row" if self.stop_checks > 1 else ""
+                request_stop(self.model, f"validation exact match reached {round(target * 100, 4):g}%{times}")

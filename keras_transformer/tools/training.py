@@ -236,23 +236,6 @@ def _finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     return metrics if isinstance(metrics, dict) and isinstance(metrics.get("steps"), int) else None
 
 
-def _stop_reason(config: TrainConfig, output_dir: pathlib.Path, best) -> str:
-    """Why a run stopped before its last step, from its last logged epoch."""
-    import csv
-
-    with open(output_dir / "log.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    last = rows[-1] if rows else {}
-    target = config.stop_at_exact_match
-    if target is not None and float(last.get("val_exact_match") or 0) >= target:
-        times = f" on {config.stop_checks} epochs in a row" if config.stop_checks > 1 else ""
-        return f"validation exact match reached {round(target * 100, 4):g}%{times}"
-    if best is not None and best.patience_exhausted():
-        name = {"bleu": "BLEU", "chrf": "chrF", "exact_match": "exact match"}[best.metric]
-        return f"validation {name} did not improve for {config.early_stopping} epochs"
-    return "a callback asked to stop"
-
-
 def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     """What the input pipeline will keep and drop, and how much of the text is `[UNK]`.
 
@@ -384,7 +367,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
                         f"best_val_{best.metric}": best.scores()[best_epoch][0]})
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         metrics["stopped_early"] = True
-        print(f"stopped after step {steps} of {config.steps}: {_stop_reason(config, output_dir, best)}", flush=True)
+        reason = kt_callbacks.TrainingState.stop_reason(output_dir / "state")
+        print(f"stopped after step {steps} of {config.steps}: {reason}", flush=True)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         with interruptible:
