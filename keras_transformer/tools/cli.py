@@ -18,7 +18,7 @@ import tempfile
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, PRESETS
-from keras_transformer.tools.config import RunError, TrainConfig, busy_error
+from keras_transformer.tools.config import RunError, TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import RunDirError, lock_held, run_model_file, tokenizer_kind
 
 
@@ -90,7 +90,7 @@ def _add_setting_flag(group, field) -> None:
 
 def _check_train(args) -> None:
     """The run's settings as a `TrainConfig`, checked (`RunError` names each wrong flag), in `args.config`."""
-    corpus = args.corpus or ("tsv" if args.tsv else "files" if (args.source_file or args.target_file) else "numbers")
+    corpus = args.corpus or implied_corpus(vars(args))
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}

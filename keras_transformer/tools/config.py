@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from typing import Callable
+
 from keras_transformer.defaults import PRESETS, VALIDATION_BEAM_SIZE
 
 MIXED_PRECISION = ("bfloat16", "float16")
@@ -17,6 +19,66 @@ class RunError(Exception):
 def busy_error(output_dir) -> RunError:
     """The refusal of a second `train` on a directory whose `train.lock` is held."""
     return RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusKind:
+    """One entry of `CORPORA`: a corpus `keras-transformer train --corpus NAME` can read.
+
+    Attributes:
+        name: The `--corpus` value.
+        help: One phrase for `--help`.
+        load: `load(config) -> Corpus` from a `TrainConfig` (its fields name the files);
+            it imports its reader when called, so that `--help` loads nothing.
+        check: `check(config) -> list of problems` (flag mistakes, one sentence each),
+            called before anything is read.
+        implied_by: `TrainConfig` fields whose use implies this corpus when `--corpus`
+            is not given (`--tsv FILE` means `--corpus tsv`).
+    """
+
+    name: str
+    help: str
+    load: Callable
+    check: Callable = lambda config: []
+    implied_by: tuple = ()
+
+
+def _corpora():
+    from keras_transformer.tools.text import corpora
+
+    return corpora
+
+
+def _check_numbers(config) -> list:
+    if 100 <= config.train_size <= 998_000:
+        return []
+    return [f"--train-size must be in [100, 998000] (the numbers corpus holds 10^6 numbers, 2000 of them held "
+            f"out); got {config.train_size}"]
+
+
+# Every corpus `train` reads, by `--corpus` name: adding a corpus is an entry here, with
+# a `TrainConfig` field for each new setting it reads (its reader in `text/corpora.py`).
+CORPORA = {kind.name: kind for kind in (
+    CorpusKind("numbers", "built-in English->German number words (no download)",
+               lambda c: _corpora().numbers_corpus(train_size=c.train_size, seed=c.seed), _check_numbers),
+    CorpusKind("files", "two aligned files, --source-file and --target-file",
+               lambda c: _corpora().corpus_from_files(c.source_file, c.target_file, holdout=c.holdout, seed=c.seed),
+               lambda c: [] if c.source_file and c.target_file else
+               ["--source-file and --target-file must be given together"],
+               implied_by=("source_file", "target_file")),
+    CorpusKind("tsv", "one tab-separated file of pairs, --tsv",
+               lambda c: _corpora().corpus_from_files(tsv=c.tsv, holdout=c.holdout, seed=c.seed),
+               lambda c: [] if c.tsv else ["--corpus tsv needs --tsv FILE"], implied_by=("tsv",)),
+)}
+
+
+def implied_corpus(values: dict) -> str:
+    """The corpus that `values` (settings by field name) imply when `--corpus` is not
+    given: the first whose `implied_by` fields are set, else `numbers`."""
+    for kind in CORPORA.values():
+        if any(values.get(name) for name in kind.implied_by):
+            return kind.name
+    return "numbers"
 
 
 def _setting(default, help: str, group: str, **flag):
@@ -39,8 +101,8 @@ class TrainConfig:
     """
 
     corpus: str = _setting(
-        "numbers", "numbers: built-in English->German number words (no download). Implied by "
-        "--source-file/--target-file or --tsv.", CORPUS, choices=("numbers", "files", "tsv"), implied=True)
+        "numbers", "; ".join(f"{k.name}: {k.help}" for k in CORPORA.values()) + ". Implied by the files given.",
+        CORPUS, choices=tuple(CORPORA), implied=True)
     source_file: str | None = _setting(None, "Source side, one sentence per line (plain or .gz).", CORPUS, type=str)
     target_file: str | None = _setting(None, "Target side, aligned line by line with --source-file.", CORPUS,
                                        type=str)
@@ -117,11 +179,9 @@ class TrainConfig:
             if not ok:
                 problems.append(message)
 
-        need(self.corpus in ("numbers", "files", "tsv"), f"--corpus must be numbers, files or tsv; got {self.corpus!r}")
-        if self.corpus == "files":
-            need(bool(self.source_file and self.target_file), "--source-file and --target-file must be given together")
-        if self.corpus == "tsv":
-            need(bool(self.tsv), "--corpus tsv needs --tsv FILE")
+        need(self.corpus in CORPORA, f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}")
+        if self.corpus in CORPORA:
+            problems.extend(CORPORA[self.corpus].check(self))
         need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
         positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout", "accumulate_steps",
                     "validation_beam_size", "early_stopping", "stop_checks", "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
@@ -134,9 +194,6 @@ class TrainConfig:
                                    f"and at least one more); got {self.vocab_size}")
         need(self.min_frequency >= 0, f"--min-frequency must be >= 0; got {self.min_frequency}")
         need(0 <= self.seed < 2**32, f"--seed must be in [0, 2**32); got {self.seed}")
-        if self.corpus == "numbers":
-            need(100 <= self.train_size <= 998_000, f"--train-size must be in [100, 998000] (the numbers corpus "
-                                                     f"holds 10^6 numbers, 2000 of them held out); got {self.train_size}")
         need(self.max_length != 1, "--max-length must be >= 2 (a token and [END]); got 1")
         need(self.batch_tokens >= self.max_length,
              f"--batch-tokens ({self.batch_tokens}) must be >= --max-length ({self.max_length})")

@@ -42,15 +42,10 @@ __all__ = ["RunError", "TrainConfig", "build_model", "check_output_dir", "load_c
 def load_corpus(config: TrainConfig):
     from keras_transformer.tools.text import corpora
 
+    from keras_transformer.tools.config import CORPORA
+
     try:
-        if config.corpus == "numbers":
-            corpus = corpora.numbers_corpus(train_size=config.train_size, seed=config.seed)
-        elif config.corpus == "tsv":
-            corpus = corpora.corpus_from_files(tsv=config.tsv, holdout=config.holdout, seed=config.seed)
-        else:
-            corpus = corpora.corpus_from_files(
-                config.source_file, config.target_file, holdout=config.holdout, seed=config.seed
-            )
+        corpus = CORPORA[config.corpus].load(config)
     except corpora.CorpusError as e:
         raise RunError(str(e)) from None
     return corpus.reversed() if config.reverse else corpus
