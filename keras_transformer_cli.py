@@ -3,8 +3,8 @@
 `import keras_transformer` imports Keras and a backend, which takes seconds; `--help`
 and a mistyped flag should not wait for that. So the package object is created without
 running its `__init__` while the parser loads (the parser needs only
-`keras_transformer.defaults` and `keras_transformer.tools.config`, which import no
-backend), and its `__init__` runs once the arguments are known to be good.
+`keras_transformer.defaults`, `keras_transformer.tools.config` and the command modules,
+which import no backend), and its `__init__` runs once the arguments are known to be good.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import keras_transformer as kt
-from keras_transformer.tools.cli import serving_instructions
+from keras_transformer.tools.commands.export import serving_instructions
 from keras_transformer.tools.evaluation import load_run
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

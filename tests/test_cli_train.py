@@ -390,16 +390,18 @@ def test_a_progress_bar_only_in_a_terminal(monkeypatch):
     import argparse
     import io
 
+    from keras_transformer.tools.commands.common import fit_verbosity
+
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     monkeypatch.setattr(sys, "stdout", Terminal())
-    assert cli._fit_verbosity(argparse.Namespace(quiet=False)) == 1  # Keras' progress bar
-    assert cli._fit_verbosity(argparse.Namespace(quiet=True)) == 2  # one line per epoch
-    assert cli._fit_verbosity(argparse.Namespace()) == 1  # a command without --quiet
+    assert fit_verbosity(argparse.Namespace(quiet=False)) == 1  # Keras' progress bar
+    assert fit_verbosity(argparse.Namespace(quiet=True)) == 2  # one line per epoch
+    assert fit_verbosity(argparse.Namespace()) == 1  # a command without --quiet
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # a pipe, a log file, CI
-    assert cli._fit_verbosity(argparse.Namespace(quiet=False)) == 2
+    assert fit_verbosity(argparse.Namespace(quiet=False)) == 2
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow",

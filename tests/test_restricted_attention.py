@@ -4,7 +4,6 @@ the band mask, with padding, causal masking, a cache, and model.fit."""
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 import keras_transformer as kt
 from tests.conftest import randomize_weights, to_numpy

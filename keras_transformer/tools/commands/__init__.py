@@ -1,0 +1,10 @@
+"""The commands of `keras-transformer`, one module each: `add_parser(sub)` adds its flags,
+`check(args)` refuses mistakes before any backend loads (`RunError`), `run(args)` does
+the work. Every module imports only the settings modules at import time."""
+
+from keras_transformer.tools.commands import claims, demo, evaluate, export, train, translate
+
+# In the order `--help` lists them.
+COMMANDS = (train, evaluate, translate, export, demo)
+
+__all__ = ["COMMANDS", "claims", "demo", "evaluate", "export", "train", "translate"]

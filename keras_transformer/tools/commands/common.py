@@ -1,0 +1,61 @@
+"""What the commands share: the help format, the run-directory and decoding flags, checks
+of flag values, Keras' verbosity. Imports no backend."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default once: argparse's `(default: ...)`, except where there is none to
+    show (`None`, an off switch) or the help already says it (`[default: ...]`)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "[default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A sub-command's parser, its defaults shown in --help."""
+    return sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter)
+
+
+def run_dir_flag(p) -> None:
+    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--model", choices=["final", "best"], default="final",
+                   help="final: RUN_DIR/model.keras (checkpoints averaged). best: RUN_DIR/best/model.keras, the "
+                        "epoch with the best validation BLEU (runs trained with --validate-translations).")
+
+
+def at_least(minimum, kind=int):
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return convert
+
+
+def decoding_flags(p, batch=True) -> None:
+    p.add_argument("--beam-size", type=at_least(1), default=BEAM_SIZE, help="Beam size (1: greedy).")
+    p.add_argument("--length-penalty", type=at_least(0.0, float), default=LENGTH_PENALTY,
+                   help="alpha of ((5 + |Y|) / 6)^alpha.")
+    if batch:
+        p.add_argument("--batch-size", type=at_least(1), default=None,
+                       help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
+                            f"output within {DECODE_BATCH_TOKENS:,} tokens, at most {DECODE_MAX_BATCH:,}]")
+
+
+def fit_verbosity(args) -> int:
+    """Keras' `verbose`: a progress bar in a terminal, one line per epoch otherwise (a
+    log file, a pipe, CI) or with `--quiet`."""
+    return 1 if sys.stdout.isatty() and not getattr(args, "quiet", False) else 2
+

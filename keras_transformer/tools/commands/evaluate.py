@@ -1,0 +1,76 @@
+"""`keras-transformer evaluate`: BLEU, chrF and exact match of a run on a split or on files."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from keras_transformer.tools.commands.common import add_command, at_least, decoding_flags, run_dir_flag
+from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.files import run_model_file
+
+
+def add_parser(sub) -> None:
+    p = add_command(
+        sub,
+        "evaluate",
+        help="BLEU, chrF and exact match of a trained run on held-out data.",
+        description="Translate a held-out split with beam search and score it with sacreBLEU "
+                    "(corpus BLEU and chrF, signatures printed) and exact match.",
+    )
+    run_dir_flag(p)
+    p.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="Which split of the run's corpus to translate.")
+    p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
+    p.add_argument("--target-file", help="... with these references.")
+    p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
+    p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
+    decoding_flags(p)
+    p.set_defaults(handler=run, check=check)
+
+
+def check(args) -> None:
+    if bool(args.source_file) != bool(args.target_file):
+        raise RunError("--source-file and --target-file must be given together.")
+    args.hypotheses = pathlib.Path(args.hypotheses or os.path.join(
+        args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
+    if args.hypotheses.is_dir():
+        raise RunError(f"--hypotheses {args.hypotheses} is a directory; give a file name.")
+    run_model_file(args.run_dir, args.model)
+
+
+def run(args) -> int:
+    import json
+    import pathlib
+
+    from keras_transformer.tools import evaluation
+    from keras_transformer.tools.text import corpora
+    from keras_transformer.tools.training import load_corpus
+
+    out = args.hypotheses
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    if args.source_file:
+        pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
+        name = "files"
+    else:
+        config_file = pathlib.Path(args.run_dir) / "config.json"
+        try:
+            config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as e:
+            raise RunError(f"{config_file} is not a run config ({type(e).__name__}: {e}).") from None
+        pairs = getattr(load_corpus(config), args.split)
+        name = args.split
+    pairs = pairs[: args.limit] if args.limit else pairs
+    if not pairs:
+        raise RunError(f"No sentence pairs to evaluate in the {name} split (empty files?).")
+    hypotheses = evaluation.translate_texts(
+        model, tokenizer, [s for s, _ in pairs], args.beam_size, args.length_penalty, args.batch_size
+    )
+    scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
+    evaluation.write_lines(out, hypotheses)
+    print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}  |  {scores['chrf_signature']}")
+    print(f"BLEU {scores['bleu']:.2f}  char BLEU {scores['bleu_char']:.2f}  chrF {scores['chrf']:.2f}  "
+          f"exact match {scores['exact_match']:.2%} on {scores['sentences']} sentences ({name}); hypotheses in {out}")
+    print(evaluation.dumps(scores))
+    return 0
+

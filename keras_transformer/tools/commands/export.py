@@ -1,0 +1,96 @@
+"""`keras-transformer export`: a SavedModel, or a CTranslate2 model with --format ctranslate2."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from keras_transformer.tools.commands.common import add_command, decoding_flags, run_dir_flag
+from keras_transformer.tools.config import RunError
+from keras_transformer.tools.files import run_model_file, tokenizer_kind
+
+
+def add_parser(sub) -> None:
+    p = add_command(
+        sub,
+        "export",
+        help="Write a SavedModel (or a CTranslate2 model) that translates strings to strings.",
+        description="Export a training run as a TensorFlow SavedModel whose `translate` signature "
+                    "maps a batch of strings to a batch of strings (tokenizer, beam search and "
+                    "detokenizer inside; runs the TensorFlow backend in a child process when "
+                    "KERAS_BACKEND is jax or torch), or with --format ctranslate2 as a CTranslate2 "
+                    "model directory with the run's SentencePiece model.",
+    )
+    run_dir_flag(p)
+    p.add_argument("--output", default="artifacts/translator", help="Directory to write.")
+    p.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                   help="savedmodel: TensorFlow Serving, strings in and out. ctranslate2: the CTranslate2 "
+                        "engine (needs the `ctranslate2` extra; SentencePiece runs only).")
+    p.add_argument("--quantization", metavar="TYPE",
+                   help="ctranslate2 only: CTranslate2's weight type, e.g. int8, int8_float32, float16 "
+                        "[default: the float32 weights]")
+    decoding_flags(p, batch=False)
+    p.set_defaults(handler=run, check=check)
+
+
+def check(args) -> None:
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
+        raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
+    if args.format != "ctranslate2":
+        if args.quantization is not None:
+            raise RunError("--quantization applies to --format ctranslate2 only")
+    else:
+        try:
+            from keras_transformer.tools.ctranslate2_export import quantizations
+            known = quantizations()
+        except ImportError:
+            raise RunError("--format ctranslate2 needs the ctranslate2 package: pip install "
+                           "'keras-transformer[ctranslate2]'") from None
+        if args.quantization is not None and args.quantization not in known:
+            raise RunError(f"--quantization {args.quantization} is not a CTranslate2 weight type; "
+                           f"known: {', '.join(known)}")
+        if os.path.isdir(args.output) and os.listdir(args.output):
+            raise RunError(f"--output {args.output} exists and is not empty; give a new directory")
+        kind = tokenizer_kind(pathlib.Path(args.run_dir) / "tokenizer")
+        if kind not in (None, "sentencepiece"):
+            raise RunError(f"the run's tokenizer is {kind}: a CTranslate2 model is served with SentencePiece "
+                           "alone; export a SavedModel, or train with --tokenizer sentencepiece")
+    run_model_file(args.run_dir, args.model)
+
+
+def run(args) -> int:
+    from keras_transformer.tools import evaluation, export
+
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    if args.format == "ctranslate2":
+        from keras_transformer.tools.ctranslate2_export import (
+            CTranslate2Error,
+            export_ctranslate2,
+            serving_instructions as ctranslate2_instructions,
+        )
+
+        try:
+            export_ctranslate2(model, tokenizer, args.output, quantization=args.quantization)
+        except CTranslate2Error as e:
+            raise RunError(str(e)) from None
+        print(f"CTranslate2 model written to {args.output}" + (f" ({args.quantization})" if args.quantization else ""))
+        print(ctranslate2_instructions(os.path.abspath(args.output), tokenizer.lower_case))
+        return 0
+    export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
+    print(f"SavedModel written to {args.output}")
+    print(serving_instructions(args.output))
+    return 0
+
+
+def serving_instructions(path) -> str:
+    path = os.path.abspath(path)
+    return f"""Serve it:
+  saved_model_cli show --dir {path} --tag_set serve --signature_def translate
+  docker run -p 8501:8501 -v {path}:/models/translator/1 -e MODEL_NAME=translator tensorflow/serving
+  curl -d '{{"signature_name": "translate", "instances": ["forty-two"]}}' http://localhost:8501/v1/models/translator:predict
+Or in Python (no keras_transformer needed):
+  import tensorflow as tf, tensorflow_text
+  translate = tf.saved_model.load("{path}").signatures["translate"]
+  translate(texts=tf.constant(["forty-two"]))["translation"]"""
+

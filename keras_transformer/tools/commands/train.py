@@ -1,0 +1,75 @@
+"""`keras-transformer train`: its flags are `TrainConfig`'s fields (see `config._setting`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from keras_transformer.tools.commands.common import add_command, fit_verbosity
+from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
+from keras_transformer.tools.files import lock_held
+
+
+def add_parser(sub) -> None:
+    p = add_command(
+        sub,
+        "train",
+        help="Train a Transformer with the paper's recipe.",
+        description=(
+            "Train a Transformer with the paper's recipe: shared SentencePiece vocabulary, "
+            "token-budget batches, label smoothing, Adam with warm-up, checkpoint averaging. "
+            "Killed at any moment, the same command resumes from the last checkpoint. "
+            "The backend is KERAS_BACKEND (tensorflow, jax or torch)."
+        ),
+    )
+    groups = {}
+    for field in dataclasses.fields(TrainConfig):  # one flag per setting, from its metadata
+        group = field.metadata["group"]
+        if group not in groups:
+            groups[group] = p.add_argument_group(group)
+        _add_setting_flag(groups[group], field)
+    groups["training"].add_argument("--epochs", type=int,
+                                    help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
+    p.add_argument("--output-dir", default="runs/numbers-tiny",
+                   help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
+    p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
+    p.set_defaults(handler=run, check=check)
+
+
+def _add_setting_flag(group, field) -> None:
+    """`--field-name` for one `TrainConfig` field, from its metadata (see `config._setting`)."""
+    meta = dict(field.metadata)
+    help_text, shown = meta.pop("help"), meta.pop("shown_default", None)
+    meta.pop("group")
+    flag = f"--{field.name.replace('_', '-')}"
+    if isinstance(field.default, bool):
+        group.add_argument(flag, action="store_true", help=help_text)
+        return
+    if meta.pop("implied", False):  # the default is worked out from other flags
+        group.add_argument(flag, default=None, help=f"{help_text} [default: {field.default}]", **meta)
+        return
+    if shown is not None:
+        help_text = f"{help_text} [default: {shown}]"
+    kind = meta.pop("type", None) or type(field.default)
+    group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
+
+
+def check(args) -> None:
+    """The run's settings as a `TrainConfig`, checked (`RunError` names each wrong flag), in `args.config`."""
+    corpus = args.corpus or implied_corpus(vars(args))
+    steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values.update(corpus=corpus, steps=steps)
+    args.config = TrainConfig(**values)
+    args.config.validate()
+    if lock_held(pathlib.Path(args.output_dir) / "train.lock"):
+        raise busy_error(args.output_dir)
+
+
+def run(args) -> int:
+    from keras_transformer.tools.training import train
+
+    train(args.config, args.output_dir, verbose=fit_verbosity(args))
+    return 0
+

@@ -1,0 +1,96 @@
+"""`keras-transformer translate`: sentences from arguments, a file or standard input."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+from keras_transformer.tools.commands.common import add_command, at_least, decoding_flags, fit_verbosity, run_dir_flag
+from keras_transformer.tools.config import RunError
+from keras_transformer.tools.files import run_model_file
+
+
+def add_parser(sub) -> None:
+    p = add_command(
+        sub,
+        "translate",
+        help="Translate sentences given as arguments or on standard input.",
+        description="Translate each TEXT argument, each line of --input FILE, or each line of standard "
+                    "input; one translation per line, in input order, on standard output or in --output FILE.",
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT")
+    p.add_argument("--input", metavar="FILE", help="Translate the lines of this file (plain or .gz).")
+    p.add_argument("--output", metavar="FILE",
+                   help="Write the translations to this file (in place once all are done) and show progress.")
+    p.add_argument("--n-best", type=at_least(1), metavar="K",
+                   help="Print the K best hypotheses of the beam per sentence (K <= --beam-size), as "
+                        "'LINE ||| TRANSLATION ||| SCORE' lines (Moses n-best format; LINE counts from 0, "
+                        "SCORE is log P / length penalty).")
+    run_dir_flag(p)
+    decoding_flags(p)
+    p.set_defaults(handler=run, check=check)
+
+
+def check(args) -> None:
+    if args.input and args.texts:
+        raise RunError("give TEXT arguments or --input FILE, not both")
+    if args.n_best and args.n_best > args.beam_size:
+        raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
+                       "search keeps; raise --beam-size or lower --n-best")
+    args.output = pathlib.Path(args.output) if args.output else None
+    if args.output is not None and args.output.is_dir():
+        raise RunError(f"--output {args.output} is a directory, not a file")
+    if args.output is not None and args.input and _same_file(args.input, args.output):
+        raise RunError(f"--output {args.output} is the --input file {args.input}; writing the translations "
+                       "there would replace the sentences. Give another --output")
+    run_model_file(args.run_dir, args.model)
+
+
+def _same_file(a, b) -> bool:
+    """Whether two paths name one file (also through links or another spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they lead
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def run(args) -> int:
+    from keras_transformer.tools import evaluation, files
+    from keras_transformer.tools.text import corpora
+
+    output = args.output
+    if args.input:
+        texts = corpora.read_lines(args.input)
+    else:
+        texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
+    # gets larger chunks, standard output smaller ones so that lines appear sooner.
+    chunk_size = (args.batch_size or 64) * (16 if output else 4)
+    progress = None
+    if output is not None:
+        import keras
+
+        progress = keras.utils.Progbar(len(texts), unit_name="sentence", verbose=fit_verbosity(args))
+    translations = []
+    for start in range(0, len(texts), chunk_size):
+        chunk = texts[start : start + chunk_size]
+        lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
+                                           n_best=args.n_best or 0)
+        if args.n_best:
+            lines = [f"{start + i} ||| {text} ||| {score:.4f}"
+                     for i, hypotheses in enumerate(lines) for text, score in hypotheses]
+        if output is None:
+            for line in lines:
+                print(line, flush=True)
+        else:
+            translations += lines
+            progress.add(len(chunk))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        files.write_text(output, "".join(line + "\n" for line in translations))
+        print(f"{len(texts)} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
+              flush=True)
+    return 0
+
