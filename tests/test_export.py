@@ -15,25 +15,12 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.tools import evaluation
+from keras_transformer.tools import evaluation, saved_model_client
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import make_dataset
 
 # Not 0, 1, 2, 3: every place that assumed the defaults would go wrong here.
 SPECIAL_IDS = dict(pad_id=5, unk_id=2, start_id=0, end_id=7)
-
-LOADER = """
-import json, sys
-import tensorflow as tf
-import tensorflow_text  # registers the tokenizer's ops
-translator = tf.saved_model.load(sys.argv[1])
-texts = tf.constant(json.loads(sys.argv[2]))
-out = {name: [t.decode("utf-8") for t in translator.signatures[name](texts=texts)["translation"].numpy()]
-       for name in ("translate", "serving_default")}
-assert "keras_transformer" not in sys.modules
-print(json.dumps(out))
-"""
-
 
 @pytest.fixture(scope="module")
 def trained():
@@ -75,12 +62,7 @@ def test_a_model_with_other_special_ids_trains_and_translates(trained):
 
 
 def _serve(path, texts):
-    import tensorflow as tf
-
-    translator = tf.saved_model.load(str(path))
-    return {name: [t.decode("utf-8") for t in
-                   translator.signatures[name](texts=tf.constant(texts))["translation"].numpy()]
-            for name in ("translate", "serving_default")}
+    return {name: saved_model_client.translate(path, texts, name) for name in saved_model_client.SIGNATURES}
 
 
 def _library_translations(model, tokenizer, texts):
@@ -101,10 +83,11 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     texts = [s for s, _ in corpus.test[:5]] + ["", long_input]
     if keras.backend.backend() == "tensorflow":
         # Exported in this process: loaded in another, which never imports keras_transformer.
-        result = subprocess.run([sys.executable, "-c", LOADER, str(path), json.dumps(texts)],
+        result = subprocess.run([sys.executable, saved_model_client.__file__, str(path), json.dumps(texts)],
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         served = json.loads(result.stdout.strip().splitlines()[-1])
+        assert served["imported_keras_transformer"] is False
     else:
         # Exported by a TensorFlow child process already (`export_translator` on JAX and
         # PyTorch); loaded here with TensorFlow's own API.

@@ -70,16 +70,13 @@ def test_a_mixed_precision_run_trains_resumes_and_translates(policy, trained):
                     reason="export always runs on TensorFlow (a child process under JAX and PyTorch, the same "
                            "code this TensorFlow test runs in-process); one backend keeps CI short")
 def test_a_mixed_precision_model_exports(trained, tmp_path):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401 - registers the tokenizer's ops
-
     import keras_transformer as kt
+    from keras_transformer.tools import saved_model_client
 
     model, tokenizer = evaluation.load_run(trained("bfloat16")[0])
     kt.export.export_translator(model, tokenizer, tmp_path / "saved", beam_size=2)
-    served = tf.saved_model.load(str(tmp_path / "saved"))
     texts = ["alpha beta", "zeta eta theta iota"]
-    out = [t.decode() for t in served.signatures["translate"](tf.constant(texts))["translation"].numpy()]
+    out = saved_model_client.translate(tmp_path / "saved", texts)
     assert out == evaluation.translate_texts(model, tokenizer, texts, beam_size=2)
 
 

@@ -11,16 +11,6 @@ from keras_transformer.tools.commands.export import serving_instructions
 from keras_transformer.tools.config import TrainConfig
 
 
-_RELOAD = """
-import json, sys
-import tensorflow as tf
-import tensorflow_text  # registers the tokenizer's ops
-translate = tf.saved_model.load(sys.argv[1]).signatures["translate"]
-out = translate(texts=tf.constant(json.loads(sys.argv[2])))["translation"].numpy()
-print(json.dumps([t.decode("utf-8") for t in out], ensure_ascii=False))
-"""
-
-
 def add_parser(sub) -> None:
     p = add_command(
         sub,
@@ -117,14 +107,16 @@ def _serve(saved_model, samples) -> bool:
     import json
     import subprocess
 
-    result = subprocess.run(
-        [sys.executable, "-c", _RELOAD, str(saved_model), json.dumps([s for s, _ in samples])],
+    from keras_transformer.tools import saved_model_client
+
+    result = subprocess.run(  # the client as a script: a process with TensorFlow only
+        [sys.executable, saved_model_client.__file__, str(saved_model), json.dumps([s for s, _ in samples])],
         capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     if result.returncode != 0:
         print(result.stderr[-3000:], file=sys.stderr)
         return False
-    served = json.loads(result.stdout.strip().splitlines()[-1])
+    served = json.loads(result.stdout.strip().splitlines()[-1])["translate"]
     for (source, reference), translation in zip(samples, served):
         mark = "ok" if translation == reference else f"expected {reference}"
         print(f"  {source}  ->  {translation}   [{mark}]")
