@@ -299,6 +299,35 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False
     ) if corpus.validation else None
+    interruptible, best, callbacks = _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks)
+    start = time.time()
+    with interruptible:
+        model.fit(
+            train_data,
+            # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
+            steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            validation_data=validation_data,
+            callbacks=callbacks,
+            verbose=verbose,
+            shuffle=False,  # the dataset shuffles itself
+        )
+    train_seconds = time.time() - start
+    _save_models(model, config, output_dir, best)
+    metrics = _run_metrics(model, config, output_dir, best, train_seconds)
+    if corpus.test:
+        test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
+        with interruptible:
+            results = model.evaluate(test_data, return_dict=True, verbose=0, callbacks=[interruptible])
+        metrics.update({f"test_{k}": float(v) for k, v in results.items()})
+    files.write_json(output_dir / "metrics.json", metrics)
+    print(json.dumps(metrics), flush=True)
+    return metrics
+
+
+def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks):
+    """`(interruptible, best, callbacks)`: the run's callbacks in the order they must run."""
     # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
     interruptible = kt_callbacks.Interruptible()
     callbacks, best = [interruptible], None
@@ -325,20 +354,11 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
     ]
-    start = time.time()
-    with interruptible:
-        model.fit(
-            train_data,
-            # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
-            steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            validation_data=validation_data,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # the dataset shuffles itself
-        )
-    train_seconds = time.time() - start
+    return interruptible, best, callbacks
+
+
+def _save_models(model, config, output_dir, best) -> None:
+    """Write `best/model.keras` (the best epoch) and `model.keras` (the averaged checkpoints)."""
     if best is not None and best.checkpoints():
         # best/model.keras: the single epoch with the best validation BLEU.
         final = kt_callbacks.weights_of(model)
@@ -352,6 +372,9 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
     with files.atomic_write(output_dir / "model.keras") as tmp:
         model.save(tmp)
 
+
+def _run_metrics(model, config, output_dir, best, train_seconds) -> dict:
+    """The run's steps, best epoch and stop reason (the test metrics are added after)."""
     steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     metrics = {"steps": steps, "backend": keras.backend.backend(),
                "train_seconds_this_session": round(train_seconds, 1)}
@@ -364,11 +387,4 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
         metrics["stopped_early"] = True
         reason = kt_callbacks.TrainingState.stop_reason(output_dir / "state")
         print(f"stopped after step {steps} of {config.steps}: {reason}", flush=True)
-    if corpus.test:
-        test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
-        with interruptible:
-            results = model.evaluate(test_data, return_dict=True, verbose=0, callbacks=[interruptible])
-        metrics.update({f"test_{k}": float(v) for k, v in results.items()})
-    files.write_json(output_dir / "metrics.json", metrics)
-    print(json.dumps(metrics), flush=True)
     return metrics
