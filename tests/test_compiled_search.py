@@ -36,15 +36,15 @@ SOURCE = np.array([[4, 5, 6, 7, 1], [6, 6, 4, 0, 0], [9, 10, 0, 0, 0]], "int32")
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_compiled_search_gives_the_eager_search_tokens(beam_size):
     model = _model(0)
-    compiled, compiled_scores = model.translate(SOURCE, beam_size, max_length=7, return_scores=True)
-    eager, eager_scores = model.translate(SOURCE, beam_size, max_length=7, return_scores=True, compile=False)
+    compiled, compiled_scores = model.translate(SOURCE, beam_size, max_length=5, return_scores=True)
+    eager, eager_scores = model.translate(SOURCE, beam_size, max_length=5, return_scores=True, compile=False)
     np.testing.assert_array_equal(to_numpy(compiled, "int32"), to_numpy(eager, "int32"))
     np.testing.assert_allclose(to_numpy(compiled_scores), to_numpy(eager_scores), atol=1e-5)
     # A second input of the same shape reuses the compiled search and still follows its input.
     other = SOURCE[::-1].copy()
     np.testing.assert_array_equal(
-        to_numpy(model.translate(other, beam_size, max_length=7), "int32"),
-        to_numpy(model.translate(other, beam_size, max_length=7, compile=False), "int32"),
+        to_numpy(model.translate(other, beam_size, max_length=5), "int32"),
+        to_numpy(model.translate(other, beam_size, max_length=5, compile=False), "int32"),
     )
 
 
@@ -99,11 +99,11 @@ class _BranchingTransformer(kt.models.Transformer):
 
 def test_a_search_that_cannot_be_compiled_runs_eagerly_with_one_warning():
     model = _model(4, cls=_BranchingTransformer)
-    expected = to_numpy(model.translate(SOURCE, 2, max_length=6, compile=False), "int32")
+    expected = to_numpy(model.translate(SOURCE, 2, max_length=4, compile=False), "int32")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = to_numpy(model.translate(SOURCE, 2, max_length=6), "int32")
-        second = to_numpy(model.translate(SOURCE, 2, max_length=6), "int32")
+        first = to_numpy(model.translate(SOURCE, 2, max_length=4), "int32")
+        second = to_numpy(model.translate(SOURCE, 2, max_length=4), "int32")
     failed = [w for w in caught if issubclass(w.category, CompileFailedWarning)]
     assert len(failed) == 1, [str(w.message) for w in caught]
     assert "runs eagerly" in str(failed[0].message) and "Reason: " in str(failed[0].message)
