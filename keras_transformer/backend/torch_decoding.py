@@ -22,10 +22,10 @@ maps the variables to them while exporting), so it holds no state: weights chang
 after export (training, `load_weights`) are used, and any number of threads can run one
 program at once. Programs are kept per function and per shapes and dtypes of the
 arguments, in the `ExportedSearch` of one model and one setting. The exported graphs run
-as `torch.fx.GraphModule`s, after two public clean-ups: `run_decompositions({})`
-(functional ATen, no-op conversions gone) and dead-code elimination of the metadata
-assertions non-strict export adds for every `.to()` (about 700 of a tiny step's 870
-nodes, each a Python call per step).
+as `torch.fx.GraphModule`s, called directly with flat tensors, after one clean-up with
+public `torch.fx` operations (`_drop_no_ops`): the `.to()` calls Keras makes on tensors
+that already have the dtype, and the metadata assertions non-strict export adds for each
+(about 700 of a tiny step's 870 nodes, each a Python call per step).
 
 When exporting fails (a layer that branches on a tensor's value, an op export does not
 know), `keras_transformer.backend.compile` runs the search eagerly, with one warning
@@ -33,11 +33,14 @@ naming the reason, and it gives the same tokens. `Transformer.translate(...,
 compile=False)` asks for the eager search directly.
 
 `translate(..., compile="torch.compile")` also compiles each exported program with
-`torch.compile` (Inductor). Measured on the workload above: 11,366 / 3,907 tokens/s
-(greedy / beam 4) against 5,872 / 2,084 for the exported programs alone, but 16-20 s of
-compilation per program shape on 2 CPU cores, against about 4 s to export. The
-exported programs are the default; on a GPU, `torch.compile`'s `reduce-overhead` mode
-(CUDA graphs) removes the per-step launch cost.
+`torch.compile` (Inductor). In one run of `benchmarks/decode.py` on the workload above:
+9,375 / 4,612 tokens/s (greedy / beam 4) against 4,150 / 2,027 for the exported programs
+alone and 768 / 789 eager (JAX: 24,864 / 8,370), but 16-20 s of Inductor compilation per
+program shape on 2 CPU cores, against 1-2 s to export. The exported programs are the
+default; on a GPU, `torch.compile`'s `reduce-overhead` mode (CUDA graphs) removes the
+per-step launch cost. (A `make_fx` record replayed as TorchScript, which this module
+replaces, measured 14,604 / 6,158 on the same workload; TorchScript is no longer
+developed, and that recorder shared state between threads.)
 """
 
 from __future__ import annotations
