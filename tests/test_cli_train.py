@@ -153,6 +153,11 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
         (["evaluate", "--run-dir", str(tmp_path / "nowhere")], "No run directory at"),
         (["translate", "--run-dir", str(tmp_path), "seven"], "No model at"),
         (["export", "--run-dir", str(unfinished), "--model", "best"], "No best model at"),
+        # The CTranslate2 export's checks read CTranslate2's weight types, not a model.
+        (["export", "--run-dir", str(unfinished), "--format", "ctranslate2", "--quantization", "int3",
+          "--output", str(tmp_path / "ct2")], "--quantization int3 is not a CTranslate2 weight type"),
+        (["export", "--run-dir", str(unfinished), "--format", "ctranslate2", "--output", str(tmp_path / "ct2"),
+          "--model", "best"], "No best model at"),
     ):
         result = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2, (argv, result.stderr[-2000:])

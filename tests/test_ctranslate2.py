@@ -83,6 +83,14 @@ def test_int8_is_a_quarter_of_the_weights_and_still_translates(run, tmp_path):
     assert agreement >= 0.5, (agreement, exact, quantized)
 
 
+def test_the_weight_types_checked_are_ctranslate2s():
+    from ctranslate2.specs import model_spec
+
+    from keras_transformer.tools.ctranslate2_export import quantizations
+
+    assert quantizations() == tuple(model_spec.ACCEPTED_MODEL_TYPES)
+
+
 def test_bad_export_requests_are_one_line_and_write_nothing(run, tmp_path, capsys, monkeypatch):
     full = tmp_path / "full"
     full.mkdir()
@@ -110,8 +118,7 @@ def test_bad_export_requests_are_one_line_and_write_nothing(run, tmp_path, capsy
         assert status == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, (argv, err)
-    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
-    monkeypatch.setitem(sys.modules, "ctranslate2.specs", None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # as if nothing were installed
     assert cli.main(["export", "--run-dir", str(run), "--format", "ctranslate2", "--output", str(new)]) == 2
     assert "pip install 'keras-transformer[ctranslate2]'" in capsys.readouterr().err
     assert not new.exists() and [p.name for p in full.iterdir()] == ["mine.txt"]

@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import pathlib
 
-import keras
 import numpy as np
 
+# Keras is imported inside the functions that read a model: the command line's checks
+# (`quantizations`, `check_tokenizer_kind`) run before any backend loads.
 from keras_transformer.tools import files
 
 FORMAT = "ctranslate2"
@@ -45,21 +46,39 @@ class CTranslate2Error(ValueError):
     """A model or run CTranslate2 cannot serve as it is; the message says why."""
 
 
-def quantizations() -> tuple[str, ...]:
-    """The weight types CTranslate2's converter accepts (`ctranslate2` must be installed)."""
-    from ctranslate2.specs import model_spec
+# The weight types CTranslate2's converter accepts: its `specs.model_spec.ACCEPTED_MODEL_TYPES`,
+# written here because importing that module imports PyTorch when it is installed, and the
+# command line checks `--quantization` before any backend loads. tests/test_ctranslate2.py
+# fails when the two differ.
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
-    return tuple(model_spec.ACCEPTED_MODEL_TYPES)
+
+def quantizations() -> tuple[str, ...]:
+    """The weight types CTranslate2's converter accepts.
+
+    Raises:
+        ImportError: `ctranslate2` is not installed (found without importing it).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("ctranslate2") is None:
+        raise ImportError("No module named 'ctranslate2'")
+    return QUANTIZATIONS
+
+
+def check_tokenizer_kind(kind: str) -> None:
+    """Refuse a tokenizer CTranslate2 cannot be served with (needs no backend)."""
+    if kind != "sentencepiece":
+        raise CTranslate2Error(
+            f"the run's tokenizer is {kind}, and a CTranslate2 model is served with "
+            "SentencePiece alone (a WordPiece tokenizer detokenizes with TensorFlow Text): export this run "
+            "as a SavedModel (--format savedmodel), or train with --tokenizer sentencepiece"
+        )
 
 
 def check_exportable(model, tokenizer) -> None:
     """Refuse what CTranslate2 cannot serve the way `translate` does, with the reason."""
-    if tokenizer.kind != "sentencepiece":
-        raise CTranslate2Error(
-            f"the run's tokenizer is {tokenizer.kind}, and a CTranslate2 model is served with "
-            "SentencePiece alone (a WordPiece tokenizer detokenizes with TensorFlow Text): export this run "
-            "as a SavedModel (--format savedmodel), or train with --tokenizer sentencepiece"
-        )
+    check_tokenizer_kind(tokenizer.kind)
     activation = getattr(model.activation, "__name__", model.activation)
     if activation not in _ACTIVATIONS:
         raise CTranslate2Error(f"CTranslate2's Transformer has ReLU or GELU feed-forward layers; this model "
@@ -159,6 +178,7 @@ keras-transformer stops at the source length + 50 tokens: pass
 
 
 def _spec(model, vocabulary: list, max_positions: int):
+    import keras
     from ctranslate2.specs import common_spec, transformer_spec
 
     from keras_transformer.layers import SinusoidalPositionalEncoding
@@ -208,6 +228,8 @@ def _spec(model, vocabulary: list, max_positions: int):
 
 
 def _numpy(x) -> np.ndarray:
+    import keras
+
     return np.asarray(keras.ops.convert_to_numpy(x), dtype="float32")
 
 

@@ -41,8 +41,9 @@ def check(args) -> None:
         if args.quantization is not None:
             raise RunError("--quantization applies to --format ctranslate2 only")
     else:
+        from keras_transformer.tools.ctranslate2_export import CTranslate2Error, check_tokenizer_kind, quantizations
+
         try:
-            from keras_transformer.tools.ctranslate2_export import quantizations
             known = quantizations()
         except ImportError:
             raise RunError("--format ctranslate2 needs the ctranslate2 package: pip install "
@@ -53,9 +54,11 @@ def check(args) -> None:
         if os.path.isdir(args.output) and os.listdir(args.output):
             raise RunError(f"--output {args.output} exists and is not empty; give a new directory")
         kind = tokenizer_kind(pathlib.Path(args.run_dir) / "tokenizer")
-        if kind not in (None, "sentencepiece"):
-            raise RunError(f"the run's tokenizer is {kind}: a CTranslate2 model is served with SentencePiece "
-                           "alone; export a SavedModel, or train with --tokenizer sentencepiece")
+        if kind is not None:  # unreadable: loading the run reports that
+            try:
+                check_tokenizer_kind(kind)
+            except CTranslate2Error as e:
+                raise RunError(str(e)) from None
     run_model_file(args.run_dir, args.model)
 
 
