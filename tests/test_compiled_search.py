@@ -184,3 +184,24 @@ def test_jit_compile_on_pytorch_warns_once_and_trains_like_the_eager_step():
     assert compiled.jit_compile is False
     for a, b in zip(eager.get_weights(), compiled.get_weights()):
         np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+@torch_only
+def test_an_exported_loop_follows_a_body_that_changes_shapes_and_exports_a_steady_one_once():
+    from keras_transformer.backend.torch_decoding import ExportedSearch
+
+    def search(x, call=None, while_loop=None):
+        loop = while_loop or keras.ops.while_loop
+        grown = loop(lambda i, y: i < 3, lambda i, y: (i + 1, keras.ops.concatenate([y, y[:1] * 2.0])), (0, x))[1]
+        steady = loop(lambda i, y: i < 5, lambda i, y: (i + 1, y * 2.0 + 1.0), (0, x))[1]
+        return grown, steady
+
+    x = keras.ops.convert_to_tensor(np.array([1.0, 3.0], "float32"))
+    exported = ExportedSearch(search, [])
+    grown, steady = exported(x)
+    expected_grown, expected_steady = search(x)
+    np.testing.assert_array_equal(to_numpy(grown), to_numpy(expected_grown))  # [1, 3, 2, 4, 8]
+    np.testing.assert_array_equal(to_numpy(steady), to_numpy(expected_steady))
+    # Two loops of one name (lambdas in one function) keep their own programs: one per
+    # shape the growing body met (three), one for the steady body, reused for its five steps.
+    assert len(exported.programs) == 4

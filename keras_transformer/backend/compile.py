@@ -50,10 +50,10 @@ def compile_search(search, variables, name: str = "search", mode: str = "default
             f"`compile` must be True, False or, on PyTorch, 'torch.compile'. Received: compile={mode!r} "
             f"on the {backend} backend"
         )
-    return _EagerFallback(_compiled(search, variables, name, mode, backend), search, name)
+    return _EagerFallback(_compiled(search, variables, mode, backend), search, name)
 
 
-def _compiled(search, variables, name, mode, backend):
+def _compiled(search, variables, mode, backend):
     if backend == "jax":
         import jax
 

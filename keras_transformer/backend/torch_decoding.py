@@ -86,8 +86,13 @@ class ExportedSearch:
         with torch.no_grad():
             return self.search(source_ids, call=run.call, while_loop=run.while_loop)
 
-    def program(self, kind: str, fn, args):
-        """The exported program of `fn` for arguments of these shapes, made once."""
+    def program(self, kind, fn, args):
+        """The exported program of `fn` for arguments of these shapes, made once.
+
+        `kind` names the function: its code objects, so that two functions of one name
+        (two lambdas) never share a program, while a closure made anew by every search
+        call does. Values a function captures are part of the search's settings, which
+        an `ExportedSearch` is made for."""
         key = (kind, _signature(args))
         return self.programs.get(key, lambda: self._export(fn, args))
 
@@ -120,7 +125,6 @@ class _Program:
     def __init__(self, fn, variables, args, leaves):
         import torch
 
-        self.structure = args
         static = [x for x in leaves if not isinstance(x, torch.Tensor)]
         tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         outputs = []
@@ -144,7 +148,6 @@ class _Program:
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             program = torch.export.export(Flat(), (values, tensors), strict=False)
         self.output_structure = outputs[-1]
-        self.static = static
         kinds = torch.export.graph_signature.InputKind
         constants = {**program.state_dict, **program.constants}
         # The graph's inputs in order: the program's own tensors, then ours (values, tensors).
@@ -175,7 +178,7 @@ class _Run:
 
     def call(self, fn, *args):
         """`fn(*args)`, exported once per argument shapes."""
-        return self.search.program(fn.__qualname__, fn, args)(self.values, *args)
+        return self.search.program(fn.__code__, fn, args)(self.values, *args)
 
     def while_loop(self, cond, body, loop_vars):
         """`keras.ops.while_loop(cond, body, loop_vars)`: "`body`, then `cond` of its
@@ -188,28 +191,18 @@ class _Run:
             new = tuple(body(*loop_vars))
             return new, cond(*new)
 
-        kind = f"loop({body.__qualname__}, {cond.__qualname__})"
-        keep_going = True
-        while keep_going:
-            program = self.search.program(kind, iteration, loop_vars)
+        kind = (body.__code__, cond.__code__)
+        signature = _signature(loop_vars)
+        program = self.search.program(kind, iteration, loop_vars)
+        loop_vars, keep_going = program(self.values, *loop_vars)
+        # A program's outputs have fixed shapes: if they are its inputs' (a search's
+        # loop), the same program runs every later iteration, with no lookup per token.
+        same_shapes = _signature(loop_vars) == signature
+        while bool(keep_going):
+            if not same_shapes:
+                program = self.search.program(kind, iteration, loop_vars)
             loop_vars, keep_going = program(self.values, *loop_vars)
-            keep_going = bool(keep_going)
         return loop_vars
-
-
-class _Stateless:
-    """`fn(*args)` with the variables read from `values`, as a `torch.nn.Module` for
-    `torch.export` (made lazily: importing this module does not import torch)."""
-
-    def __new__(cls, fn, variables):
-        import torch
-
-        class Stateless(torch.nn.Module):
-            def forward(self, values, *args):
-                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                    return fn(*args)
-
-        return Stateless()
 
 
 def _drop_no_ops(graph) -> None:

@@ -155,7 +155,7 @@ class Transformer(keras.Model):
 
     @property
     def jit_compile(self):
-        """Whether the training step is compiled (Keras' `jit_compile`, see `compile`).
+        """Whether the training step is compiled (Keras' `jit_compile`).
 
         On PyTorch, `compile(jit_compile=True)` trains eagerly, with one warning. Keras
         compiles its PyTorch step with `torch.compile`; on this model TorchDynamo breaks
