@@ -49,8 +49,7 @@ def _held_out(run):
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.training import load_corpus
 
-    config = TrainConfig(**{k: v for k, v in json.loads((run / "config.json").read_text()).items()
-                            if k in TrainConfig.__dataclass_fields__})
+    config = TrainConfig(**json.loads((run / "config.json").read_text()))  # as `evaluate` reads it
     return [source for source, _ in load_corpus(config).test]
 
 

@@ -22,13 +22,17 @@ class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
 
+def kind_of_tokenizer(settings: dict) -> str:
+    """The tokenizer kind a `tokenizer.json` names: "wordpiece" for the files written
+    before SentencePiece existed, which hold no kind."""
+    return settings.get("kind", "wordpiece")
+
+
 def tokenizer_kind(directory) -> str | None:
-    """The kind written in a tokenizer directory's `tokenizer.json` ("wordpiece" for the
-    files written before SentencePiece existed), or None if it cannot be read: loading
-    the run reports that. Needs no backend."""
+    """The kind of the tokenizer in `directory` (see `kind_of_tokenizer`), or None if its
+    `tokenizer.json` cannot be read: loading the run reports that. Needs no backend."""
     try:
-        config = json.loads((pathlib.Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
-        return str(config.get("kind", "wordpiece"))
+        return str(kind_of_tokenizer(json.loads((pathlib.Path(directory) / "tokenizer.json").read_text("utf-8"))))
     except (OSError, ValueError, AttributeError):
         return None
 

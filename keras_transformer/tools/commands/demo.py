@@ -30,8 +30,6 @@ def add_parser(sub) -> None:
 
 
 DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training
-
-
 DEMO_CHECKS = 2  # ... when reached on this many checks in a row
 
 

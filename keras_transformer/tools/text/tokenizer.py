@@ -215,10 +215,9 @@ class Tokenizer(tf.Module):
         data = _read(config_file)
         try:
             config = json.loads(data.decode("utf-8"))
-            kind, lower_case, vocab_size = config.get("kind", "wordpiece"), config["lower_case"], config["vocab_size"]
+            kind, lower_case, vocab_size = files.kind_of_tokenizer(config), config["lower_case"], config["vocab_size"]
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise TokenizerError(config_file, f"is not the settings file `save` writes ({type(e).__name__}: {e})")
-        # Vocabularies written before SentencePiece existed here hold no kind.
         if kind == "sentencepiece":
             model_file = directory / SentencePieceTokenizer.MODEL_FILE
             model = _read(model_file)
