@@ -6,6 +6,7 @@ and are importable from here too.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import pathlib
 import signal
@@ -146,10 +147,13 @@ class TranslationScores(keras.callbacks.Callback):
             this `fit`). Defaults to `1`. A check of a few hundred pairs passes by luck
             now and then, at a moment when the model is still swinging: `2` asks for a
             model that stays above the target.
+        translator: `translator()` returns a context manager whose value is the model
+            to translate with (a one-process copy of a model that several processes
+            train). Defaults to `None`: the model being trained.
     """
 
     def __init__(self, tokenizer, pairs, beam_size: int = VALIDATION_BEAM_SIZE,
-                 stop_at_exact_match: float | None = None, stop_checks: int = 1):
+                 stop_at_exact_match: float | None = None, stop_checks: int = 1, translator=None):
         super().__init__()
         if stop_checks < 1:
             raise ValueError(f"`stop_checks` must be at least 1. Received: stop_checks={stop_checks}")
@@ -159,6 +163,7 @@ class TranslationScores(keras.callbacks.Callback):
         self.beam_size = beam_size
         self.stop_at_exact_match = stop_at_exact_match
         self.stop_checks = stop_checks
+        self.translator = translator
         self._passed = 0  # epochs in a row that reached the target
 
     def on_train_begin(self, logs=None):
@@ -167,7 +172,8 @@ class TranslationScores(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         from keras_transformer.tools import evaluation
 
-        hypotheses = evaluation.translate_texts(self.model, self.tokenizer, self.sources, beam_size=self.beam_size)
+        with contextlib.nullcontext(self.model) if self.translator is None else self.translator() as model:
+            hypotheses = evaluation.translate_texts(model, self.tokenizer, self.sources, beam_size=self.beam_size)
         scores = evaluation.score(hypotheses, self.references, self.tokenizer)
         if logs is not None:
             logs.update({f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact_match")})
@@ -178,3 +184,42 @@ class TranslationScores(keras.callbacks.Callback):
                 times = f" on {self.stop_checks} epochs in a row" if self.stop_checks > 1 else ""
                 request_stop(self.model, f"validation exact match reached {round(target * 100, 4):g}%{times}")
 
+
+
+class SharedLogs(keras.callbacks.Callback):
+    """In a multi-process run, each epoch's logs become their mean over the processes.
+
+    Every process has one, at the same place in its list (each call is a collective),
+    before the callbacks that read the logs. On PyTorch each process's metrics are its
+    own; on JAX Keras' metrics are already the global batch's and are left as they are.
+
+    Args:
+        cluster: The `keras_transformer.tools.cluster.Cluster`.
+        average: `average(cluster, logs) -> logs`.
+    """
+
+    def __init__(self, cluster, average):
+        super().__init__()
+        self.cluster, self.average = cluster, average
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self.average(self.cluster, logs))
+
+
+class SharedStop(keras.callbacks.Callback):
+    """In a multi-process run, the chief's decision to stop (a target reached, patience
+    exhausted) becomes every process's at the end of each epoch. Every process has one,
+    last in its list.
+
+    Args:
+        cluster: The `keras_transformer.tools.cluster.Cluster`.
+        stop_together: `stop_together(cluster, stop) -> stop`.
+    """
+
+    def __init__(self, cluster, stop_together):
+        super().__init__()
+        self.cluster, self.stop_together = cluster, stop_together
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = self.stop_together(self.cluster, bool(getattr(self.model, "stop_training", False)))

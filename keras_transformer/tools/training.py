@@ -19,6 +19,7 @@ A run lives in one output directory:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -149,7 +150,8 @@ def build_model(config: TrainConfig, tokenizer) -> Transformer:
     return model
 
 
-def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callbacks=()) -> dict:
+def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callbacks=(), cluster=None,
+          join_timeout: float | None = None) -> dict:
     """Run (or resume) training; return the test metrics. Raises `RunError` on bad input.
 
     A run that has already finished in `output_dir` is not loaded again: its saved test
@@ -158,33 +160,99 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     `corpus` is the config's corpus when the caller has already loaded it. `callbacks`
     are more Keras callbacks, run after the run's own loggers and checkpoints and before
     the resumption state is saved (a stop they ask for is saved with it).
+
+    `cluster` (a `keras_transformer.tools.cluster.Cluster`; default: the one the
+    environment describes, see that module) makes this process one of several that train
+    together: every process reads its corpus, they check that they agree, process 0 (the
+    chief) learns the vocabulary and writes the run directory, and each process trains on
+    its slice of every global batch. `output_dir` must be one directory that every
+    process can read. `join_timeout` bounds the wait for the other processes.
     """
-    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
+    from keras_transformer.tools import cluster as cluster_lib
 
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
-    check_mixed_precision(config.mixed_precision)
+    if cluster is None:
+        cluster = cluster_lib.from_environment(keras.backend.backend())
+    cluster_lib.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
     output_dir = pathlib.Path(output_dir)
-    resuming = check_output_dir(output_dir, config)
     busy = busy_error(output_dir)
-    if resuming:
-        with files.lock(output_dir / "train.lock", busy):
-            finished = _finished_metrics(config, output_dir)
-        if finished is not None:
+
+    finished, error = None, None
+    try:
+        check_mixed_precision(config.mixed_precision)
+        resuming = check_output_dir(output_dir, config) if cluster.chief else True
+        if resuming and cluster.chief:
+            with files.lock(output_dir / "train.lock", busy):
+                finished = _finished_metrics(config, output_dir)
+    except RunError as e:
+        error = e
+    cluster_lib.agree(cluster, error)
+    if cluster_lib.stop_together(cluster, finished is not None):
+        if cluster.chief:
             print(f"{output_dir} holds this run, finished at step {finished['steps']} of {config.steps}: "
                   "nothing left to train. Its test metrics:", flush=True)
             print(json.dumps(finished), flush=True)
             return finished
-    if corpus is None:
-        corpus = load_corpus(config)
+        return json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
+
+    try:
+        corpus = load_corpus(config) if corpus is None else corpus
+    except RunError as e:
+        error = e
+    cluster_lib.agree(cluster, error)
+    cluster_lib.check_same(cluster, _facts(config, corpus))
+    tokenizer = None
+    if cluster.chief:
+        try:
+            tokenizer, data = _prepare(config, output_dir, corpus, resuming)
+        except RunError as e:
+            error = e
+    cluster_lib.agree(cluster, error)
+    with contextlib.ExitStack() as held:
+        if cluster.chief:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            held.enter_context(files.lock(output_dir / "train.lock", busy))
+            if not resuming:
+                files.write_json(output_dir / "config.json", dataclasses.asdict(config))
+            if not (output_dir / "tokenizer").is_dir() or not resuming:
+                tokenizer.save(output_dir / "tokenizer")
+            files.write_json(output_dir / "data.json", data)
+        cluster_lib.barrier(cluster, "run directory written")
+        if tokenizer is None:  # the chief's vocabulary
+            tokenizer = _load_tokenizer(output_dir / "tokenizer")
+        return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster)
+
+
+def _facts(config: TrainConfig, corpus) -> dict:
+    """What every process of a run must share (`cluster.check_same`)."""
+    import sys
+
+    from keras_transformer.tools import cluster as cluster_lib
+
+    settings = {f"--{k.replace('_', '-')}": v for k, v in dataclasses.asdict(config).items()}
+    versions = {"python": sys.version.split()[0], "keras": keras.__version__, "backend": keras.backend.backend()}
+    return {**settings, "the corpus": cluster_lib.data_digest([*corpus.train, *corpus.validation, *corpus.test]),
+            "the backend and versions": versions}
+
+
+def _load_tokenizer(directory):
+    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.load(directory)
+    except TokenizerError as e:
+        raise RunError(str(e)) from None
+
+
+def _prepare(config, output_dir, corpus, resuming):
+    """The chief's share before training: `(tokenizer, data statistics)`, printed."""
+    from keras_transformer.tools.text.tokenizer import Tokenizer
+
     print(corpus.summary(), flush=True)
     tokenizer_dir = output_dir / "tokenizer"
-    saved_tokenizer = resuming and tokenizer_dir.is_dir()
-    if saved_tokenizer:
-        try:
-            tokenizer = Tokenizer.load(tokenizer_dir)
-        except TokenizerError as e:
-            raise RunError(str(e)) from None
+    if resuming and tokenizer_dir.is_dir():
+        tokenizer = _load_tokenizer(tokenizer_dir)
     else:
         texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
         try:
@@ -198,15 +266,7 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
           flush=True)
     data = data_statistics(corpus, tokenizer, config.max_length)
     print(data["summary"], flush=True)
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with files.lock(output_dir / "train.lock", busy):
-        if not resuming:
-            files.write_json(output_dir / "config.json", dataclasses.asdict(config))
-        if not saved_tokenizer:
-            tokenizer.save(tokenizer_dir)
-        files.write_json(output_dir / "data.json", data)
-        return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks))
+    return tokenizer, data
 
 
 def _finished_metrics(config: TrainConfig, output_dir) -> dict | None:
@@ -276,46 +336,83 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     return {**counts, "summary": summary}
 
 
-def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dict:
+def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster) -> dict:
+    from keras_transformer.tools import cluster as cluster_lib
     from keras_transformer.tools.text.datasets import make_dataset
 
     keras.utils.set_random_seed(config.seed)
+    cluster_lib.set_data_parallel(cluster)
     model = build_model(config, tokenizer)
     try:
         initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
     except ValueError as e:
         raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
                        "--output-dir.") from None
+    cluster_lib.wrap_model(cluster, model)
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
-    if initial_epoch:
+    if initial_epoch and cluster.chief:
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}", flush=True)
 
+    shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id)
     train_data = make_dataset(
         corpus.train, tokenizer, config.batch_tokens, config.max_length,
-        shuffle=True, repeat=True, drop_remainder=True, seed=config.seed,
+        shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
     )
     validation_data = make_dataset(
-        corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False
+        corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
     ) if corpus.validation else None
-    interruptible, best, callbacks = _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks)
+
+    def local_model():  # for what the chief does alone
+        return cluster_lib.local_copy(cluster, model, lambda: build_model(config, tokenizer))
+
+    @contextlib.contextmanager
+    def translator():
+        with cluster_lib.alone(cluster):
+            yield local_model()
+
+    interruptible, best, last, callbacks = _callbacks(
+        config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator)
     start = time.time()
-    with interruptible:
-        model.fit(
-            train_data,
-            # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
-            steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
-            epochs=epochs,
-            initial_epoch=initial_epoch,
-            validation_data=validation_data,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # the dataset shuffles itself
-        )
+    try:
+        with interruptible:
+            model.fit(
+                train_data,
+                # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
+                steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                validation_data=validation_data,
+                callbacks=callbacks,
+                verbose=verbose if cluster.chief else 0,
+                shuffle=False,  # the dataset shuffles itself
+            )
+    except Exception as e:
+        lost = cluster_lib.lost(cluster, e) if cluster.distributed else None
+        if lost is None:
+            raise
+        cluster_lib.exit_lost(cluster, lost)
     train_seconds = time.time() - start
-    _save_models(model, config, output_dir, best)
-    metrics = _run_metrics(model, config, output_dir, best, train_seconds)
+    cluster_lib.unwrap_model(model)
+    if cluster.chief:
+        steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        with cluster_lib.alone(cluster):
+            metrics = _finish(local_model(), config, output_dir, corpus, tokenizer, best, last, interruptible,
+                          {"steps": steps, "train_seconds_this_session": round(train_seconds, 1)})
+    cluster_lib.barrier(cluster, "run finished")
+    if not cluster.chief:
+        metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
+    return metrics
+
+
+def _finish(model, config, output_dir, corpus, tokenizer, best, last, interruptible, progress) -> dict:
+    """Write the models and the test metrics (the chief, on a one-process model); `progress`
+    holds the steps done and this session's training time."""
+    from keras_transformer.tools.text.datasets import make_dataset
+
+    _save_models(model, config, output_dir, best, last)
+    metrics = _run_metrics(config, output_dir, best, progress)
     if corpus.test:
         test_data = make_dataset(corpus.test, tokenizer, config.batch_tokens, config.max_length, shuffle=False)
         with interruptible:
@@ -326,25 +423,36 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks) -> dic
     return metrics
 
 
-def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks):
-    """`(interruptible, best, callbacks)`: the run's callbacks in the order they must run."""
+def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator):
+    """`(interruptible, best, last, callbacks)`: the run's callbacks in the order they must run.
+
+    In a cluster, the other processes get only what keeps them in step with the chief:
+    metrics averaged over the processes (PyTorch) and the chief's decision to stop."""
+    from keras_transformer.tools import cluster as cluster_lib
+
     # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
     interruptible = kt_callbacks.Interruptible()
-    callbacks, best = [interruptible], None
+    callbacks, best, last = [interruptible], None, None
+    shared = [kt_callbacks.SharedStop(cluster, cluster_lib.stop_together)] if cluster.distributed else []
+    if cluster.distributed:
+        callbacks.append(kt_callbacks.SharedLogs(cluster, cluster_lib.average))
+    if not cluster.chief:
+        return interruptible, best, last, callbacks + shared
     if config.validate_translations and corpus.validation:
         # Before the loggers, which record what they add to the epoch's logs.
         callbacks.append(kt_callbacks.TranslationScores(
             tokenizer, corpus.validation[: config.validate_translations], beam_size=config.validation_beam_size,
             stop_at_exact_match=config.stop_at_exact_match, stop_checks=config.stop_checks,
+            translator=translator if cluster.distributed else None,
         ))
         best = kt_callbacks.BestCheckpoints(
             output_dir / "best", config.average_checkpoints if config.average_from == "best" else 1,
             patience=config.early_stopping, metric=config.best_metric(),
         )
         callbacks.append(best)
-    last = kt_callbacks.CheckpointAverager(
-        output_dir / "checkpoints", config.average_checkpoints, average_at_end=config.average_from == "last"
-    )
+    # Averaged by `_save_models`, on the model that is saved.
+    last = kt_callbacks.CheckpointAverager(output_dir / "checkpoints", config.average_checkpoints,
+                                           average_at_end=False)
     callbacks += [
         keras.callbacks.CSVLogger(str(output_dir / "log.csv"), append=True),
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False),
@@ -353,15 +461,19 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks):
         *extra_callbacks,
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
+        *shared,
     ]
-    return interruptible, best, callbacks
+    return interruptible, best, last, callbacks
 
 
-def _save_models(model, config, output_dir, best) -> None:
+def _save_models(model, config, output_dir, best, last) -> None:
     """Write `best/model.keras` (the best epoch) and `model.keras` (the averaged checkpoints)."""
+    final = kt_callbacks.weights_of(model)
+    if config.average_from == "last" and last.checkpoints():
+        kt_callbacks.average_checkpoints(model, last.checkpoints()[-config.average_checkpoints:])
+        final = kt_callbacks.weights_of(model)
     if best is not None and best.checkpoints():
         # best/model.keras: the single epoch with the best validation BLEU.
-        final = kt_callbacks.weights_of(model)
         kt_callbacks.average_checkpoints(model, best.checkpoints()[:1])
         with files.atomic_write(output_dir / "best" / "model.keras") as tmp:
             model.save(tmp)
@@ -373,11 +485,10 @@ def _save_models(model, config, output_dir, best) -> None:
         model.save(tmp)
 
 
-def _run_metrics(model, config, output_dir, best, train_seconds) -> dict:
+def _run_metrics(config, output_dir, best, progress) -> dict:
     """The run's steps, best epoch and stop reason (the test metrics are added after)."""
-    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    metrics = {"steps": steps, "backend": keras.backend.backend(),
-               "train_seconds_this_session": round(train_seconds, 1)}
+    steps = progress["steps"]
+    metrics = {"steps": steps, "backend": keras.backend.backend(), **progress}
     if best is not None and best.scores():
         best_epoch = best.ranked()[0]
         # A run stopped mid-epoch by a callback ends at `steps`, not at the epoch's end.

@@ -2,9 +2,9 @@
 `check(args)` refuses mistakes before any backend loads (`RunError`), `run(args)` does
 the work. Every module imports only the settings modules at import time."""
 
-from keras_transformer.tools.commands import claims, demo, evaluate, export, train, translate
+from keras_transformer.tools.commands import claims, demo, evaluate, export, launch, train, translate
 
 # In the order `--help` lists them.
-COMMANDS = (train, evaluate, translate, export, demo)
+COMMANDS = (train, launch, evaluate, translate, export, demo)
 
-__all__ = ["COMMANDS", "claims", "demo", "evaluate", "export", "train", "translate"]
+__all__ = ["COMMANDS", "claims", "demo", "evaluate", "export", "launch", "train", "translate"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 
-from keras_transformer.tools.commands.common import add_command, fit_verbosity
+from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
+from keras_transformer.tools.commands.common import add_command, at_least, fit_verbosity
 from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import lock_held
 
@@ -33,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
+    p.add_argument("--cluster-timeout", type=at_least(1.0, float), default=JOIN_TIMEOUT,
+                   help="In a multi-process run (see `keras-transformer launch`): seconds to wait for every "
+                        "process to join before giving up.")
     p.set_defaults(handler=run, check=check)
 
 
@@ -63,13 +68,15 @@ def check(args) -> None:
     values.update(corpus=corpus, steps=steps)
     args.config = TrainConfig(**values)
     args.config.validate()
-    if lock_held(pathlib.Path(args.output_dir) / "train.lock"):
+    # A process of a multi-process run: its settings, from its launcher's variables.
+    args.cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
+    if args.cluster.chief and lock_held(pathlib.Path(args.output_dir) / "train.lock"):
         raise busy_error(args.output_dir)
 
 
 def run(args) -> int:
     from keras_transformer.tools.training import train
 
-    train(args.config, args.output_dir, verbose=fit_verbosity(args))
+    train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout)
     return 0
 

@@ -40,6 +40,8 @@ def make_dataset(
     repeat: bool = False,
     drop_remainder: bool = False,
     seed: int = 0,
+    num_shards: int = 1,
+    shard_index: int = 0,
 ) -> tf.data.Dataset:
     """Batches of `({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T))`, int32.
 
@@ -60,9 +62,23 @@ def make_dataset(
         drop_remainder: Drop each bucket's last incomplete batch, so every batch of a
             bucket has the same number of pairs. Defaults to `False`.
         seed: Shuffle seed. Defaults to `0`.
+        num_shards: Processes that share each batch (data-parallel training). Every
+            process makes the same batches (the same seed) and keeps its slice of the
+            rows: `batch_tokens` is the budget of the global batch, each bucket's batch
+            size is rounded down to a multiple of `num_shards` (at least
+            `num_shards`), and a last incomplete batch is filled with rows of padding
+            (masked out of the loss and the metrics) so that every process's slice has
+            the same shape. Defaults to `1`.
+        shard_index: This process's slice, `0 <= shard_index < num_shards`: rows
+            `[shard_index * b, (shard_index + 1) * b)` of a batch of `num_shards * b`
+            rows, the order in which `keras.distribution` assembles a global batch.
+            Defaults to `0`.
     """
     if not pairs:
         raise ValueError("Cannot make a dataset from an empty list of pairs. Received: 0 pairs")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"`shard_index` must be in [0, num_shards). Received: shard_index={shard_index}, "
+                         f"num_shards={num_shards}")
     lengths = bucket_lengths(max_length)
     if batch_tokens < lengths[-1]:
         raise ValueError(
@@ -104,7 +120,7 @@ def make_dataset(
         element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
         # A pair of length n goes to the first bucket whose padded length is >= n.
         bucket_boundaries=[n + 1 for n in lengths[:-1]],
-        bucket_batch_sizes=[max(1, batch_tokens // n) for n in lengths],
+        bucket_batch_sizes=[max(num_shards, batch_tokens // n // num_shards * num_shards) for n in lengths],
         padded_shapes=([None], [None], [None]),
         padding_values=(pad_id, pad_id, pad_id),
         pad_to_bucket_boundary=False,
@@ -125,9 +141,23 @@ def make_dataset(
                 pad(labels, target_length))
 
     ds = ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
+    if num_shards > 1:
+        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, pad_id))
     if not repeat:
         # Bucketing hides the number of batches; count them once so that Keras knows
         # the length (progress bars, and no "ran out of data" warning at the end).
         batches = int(ds.reduce(0, lambda count, _: count + 1))
         ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _shard(inputs, labels, num_shards: int, shard_index: int, pad_id: int):
+    """Rows `[shard_index * b, (shard_index + 1) * b)` of a batch padded to `num_shards * b` rows."""
+    rows = tf.shape(labels)[0]
+    per_shard = (rows + num_shards - 1) // num_shards
+
+    def rows_of(x):
+        x = tf.pad(x, [[0, per_shard * num_shards - rows], [0, 0]], constant_values=pad_id)
+        return x[shard_index * per_shard:(shard_index + 1) * per_shard]
+
+    return {k: rows_of(v) for k, v in inputs.items()}, rows_of(labels)

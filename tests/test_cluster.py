@@ -1,0 +1,238 @@
+"""Training in several processes: `keras_transformer.tools.cluster`, `keras-transformer launch`.
+
+The processes run on this machine, as on a cluster: JAX through `keras.distribution`
+(XLA's CPU collectives over gloo), PyTorch through `torch.distributed` (gloo) and
+`DistributedDataParallel`. Each run here is real `keras-transformer train` processes.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.tools import cluster
+from keras_transformer.tools.cluster import Cluster, ClusterError
+
+BACKEND = keras.backend.backend()
+CHILD = "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main(sys.argv[1:]))"
+MULTI_PROCESS = pytest.mark.skipif(
+    BACKEND == "tensorflow",
+    reason="Keras' model.fit does not run under TensorFlow's MultiWorkerMirroredStrategy "
+           "(https://github.com/keras-team/keras/issues/20585, https://github.com/tensorflow/tensorflow/issues/72388); "
+           "`train` refuses TF_CONFIG with several workers (test_tensorflow_refuses_several_workers)")
+# A 1-layer model for a few steps, dropout 0 so that the runs are deterministic. The token
+# budget gives every bucket an even batch size: one process and two get the same batches.
+# 400 pairs of the numbers corpus in a TSV file, 20 held out for validation and 20 for test.
+SETTINGS = ["--preset", "tiny", "--num-layers", "1", "--holdout", "20", "--batch-tokens", "384", "--dropout", "0",
+            "--vocab-size", "200", "--quiet"]
+FLAGS: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def corpus_file(tmp_path_factory):
+    from keras_transformer.tools.text.corpora import numbers_corpus
+
+    path = tmp_path_factory.mktemp("corpus") / "pairs.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in numbers_corpus(train_size=440, seed=0).train), encoding="utf-8")
+    FLAGS[:] = ["--tsv", str(path), *SETTINGS]
+    return path
+
+
+def _env(process_id: int, num_processes: int, port: int) -> dict:
+    return {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "3",
+            **cluster.launch_environment(BACKEND, num_processes, process_id, port)}
+
+
+def _start(argv, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, *argv], env=env or {**os.environ, "KERAS_BACKEND": BACKEND},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+def _losses(run) -> list[float]:
+    with open(run / "log.csv", newline="") as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)]
+
+
+def _weights(run) -> dict:
+    with np.load(run / "state" / "state.npz") as data:
+        return {k: data[k] for k in data.files if k.startswith("model_")}
+
+
+@MULTI_PROCESS
+def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
+    steps = ["--steps", "4", "--steps-per-epoch", "1"]
+    one = _start(["train", "--output-dir", str(tmp_path / "one"), *FLAGS, *steps])
+    two = _start(["launch", "--processes", "2", "--", "train", "--output-dir", str(tmp_path / "two"), *FLAGS, *steps])
+    for process in (one, two):
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    assert len(_losses(tmp_path / "two")) == 4
+    one_weights, two_weights = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert one_weights.keys() == two_weights.keys()
+    # One epoch is one step: log.csv holds each step's loss. JAX computes the loss of the
+    # global batch, as one process does; PyTorch's DistributedDataParallel averages each
+    # process's gradient of the mean over its own tokens, which weighs a token by its
+    # process's token count.
+    tolerance = 1e-5 if BACKEND == "jax" else 2e-2
+    np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=tolerance)
+    # Adam's update is m / (sqrt(v) + 1e-9): a gradient at rounding level (the sums of two
+    # processes are added in another order) still moves a weight by about the learning
+    # rate, ~1e-5 here. A wrong split of the batches moves them by 1e-3 and more.
+    worst = max(float(np.max(np.abs(one_weights[k] - two_weights[k]))) for k in one_weights)
+    assert worst < (1e-4 if BACKEND == "jax" else 5e-3), worst
+    # Only the chief wrote the run directory; the files of a finished run are all there.
+    for name in ("config.json", "tokenizer", "data.json", "model.keras", "metrics.json", "log.csv", "curves.png"):
+        assert (tmp_path / "two" / name).exists(), name
+
+
+@MULTI_PROCESS
+def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
+    run, port = tmp_path / "run", cluster.free_port()
+    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "60", "--steps-per-epoch", "20"]
+    chief, worker = (_start(argv, _env(i, 2, port)) for i in (0, 1))
+    deadline = time.time() + 300
+    while not (run / "state" / "state.npz").exists():  # the first epoch has ended
+        assert time.time() < deadline and chief.poll() is None, chief.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the second epoch
+    os.kill(worker.pid, signal.SIGKILL)
+    killed = time.time()
+    _, err = chief.communicate(timeout=120)
+    assert time.time() - killed < 60
+    assert chief.returncode == 1, err[-3000:]
+    errors = _errors(err)
+    assert len(errors) == 1 and "process 1 stopped answering" in errors[0], err[-3000:]
+    worker.communicate()
+    assert not (run / "metrics.json").exists()
+
+    relaunch = _start(["launch", "--processes", "2", "--", *argv])
+    out, err = relaunch.communicate(timeout=600)
+    assert relaunch.returncode == 0, err[-3000:]
+    assert "resuming" in out and len(_losses(run)) == 3
+    assert (run / "model.keras").is_file() and (run / "metrics.json").is_file()
+
+
+@MULTI_PROCESS
+def test_processes_that_disagree_are_refused_before_training(tmp_path):
+    port = cluster.free_port()
+    argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--steps", "4", "--steps-per-epoch", "2"]
+    processes = [_start(argv + (["--seed", "1"] if i else []), _env(i, 2, port)) for i in (0, 1)]
+    for process in processes:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 2, err[-3000:]
+        errors = _errors(err)
+        assert len(errors) == 1 and "the processes disagree on --seed: process 1's differs" in errors[0], err[-3000:]
+    assert not (tmp_path / "run" / "state").exists()
+
+
+@MULTI_PROCESS
+def test_a_process_that_never_arrives_is_named_within_the_timeout(tmp_path):
+    argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "3"]
+    start = time.time()
+    alone = _start(argv, _env(0, 2, cluster.free_port()))
+    _, err = alone.communicate(timeout=120)
+    assert alone.returncode == 1 and time.time() - start < 60, err[-3000:]
+    errors = _errors(err)
+    assert len(errors) == 1 and "process 1 never arrived" in errors[0], err[-3000:]
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow backend's refusal")
+def test_tensorflow_refuses_several_workers():
+    with pytest.raises(ClusterError, match="keras-team/keras#20585"):
+        cluster.join(Cluster("tensorflow", 2, 0, "localhost:1234"))
+
+
+def test_the_environment_describes_the_cluster_for_each_engine():
+    assert cluster.from_environment("jax", {}) == Cluster("jax")
+    for backend in ("jax", "torch", "tensorflow"):
+        environ = cluster.launch_environment(backend, 3, 2, 29500)
+        assert cluster.from_environment(backend, environ) == Cluster(backend, 3, 2, "localhost:29500")
+    # Another backend's variables are not this one's.
+    assert cluster.from_environment("jax", cluster.launch_environment("torch", 2, 1, 29500)) == Cluster("jax")
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch", "tensorflow"])
+def test_bad_cluster_settings_are_one_sentence_each(backend):
+    good = cluster.launch_environment(backend, 2, 1, 29500)
+    out_of_range = cluster.launch_environment(backend, 2, 2, 29500)
+    with pytest.raises(ClusterError, match="is out of range: .*numbered 0 to 1"):
+        cluster.from_environment(backend, out_of_range)
+    bad_host = {k: v.replace("localhost", "no-such-host.invalid") for k, v in good.items()}
+    with pytest.raises(ClusterError, match="does not resolve"):
+        cluster.from_environment(backend, bad_host)
+    if backend != "tensorflow":
+        count = "WORLD_SIZE" if backend == "torch" else "KERAS_DISTRIBUTION_NUM_PROCESSES"
+        with pytest.raises(ClusterError, match=f"{count} must be an integer >= 1; got 'two'"):
+            cluster.from_environment(backend, {**good, count: "two"})
+    else:
+        with pytest.raises(ClusterError, match="TF_CONFIG is not a cluster description"):
+            cluster.from_environment(backend, {"TF_CONFIG": "{not json"})
+
+
+def test_the_chief_refuses_a_port_in_use():
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ClusterError, match=f"localhost:{port} .* cannot be used"):
+            cluster.from_environment("jax", cluster.launch_environment("jax", 2, 0, port))
+        # The other processes connect to it: not theirs to refuse.
+        assert cluster.from_environment("jax", cluster.launch_environment("jax", 2, 1, port)).process_id == 1
+
+
+def test_a_bad_cluster_setting_exits_2_before_any_backend_loads(tmp_path):
+    from tests.test_cli_train import LAUNCHER
+
+    env = {**os.environ, **cluster.launch_environment("jax", 2, 5, 29500), "KERAS_BACKEND": "jax"}
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, "train", "--output-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert _errors(result.stderr) == [
+        "keras-transformer train: error: KERAS_DISTRIBUTION_PROCESS_ID=5 is out of range: "
+        "KERAS_DISTRIBUTION_NUM_PROCESSES=2 processes are numbered 0 to 1."]
+    assert result.stdout.strip() == "[]"  # no backend, not even Keras, was imported
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="backend-independent (tf.data under every backend): runs in the "
+                                                   "TensorFlow suite")
+def test_shards_of_an_epoch_are_the_training_split_once():
+    """Over one pass, the rows each of 3 processes gets are every pair that fits, none twice,
+    and the processes' batches have the same shapes."""
+    from keras_transformer.tools.text.corpora import numbers_corpus
+    from keras_transformer.tools.text.datasets import make_dataset
+    from keras_transformer.tools.text.tokenizer import Tokenizer
+
+    pairs = numbers_corpus(train_size=300, seed=0).train
+    tokenizer = Tokenizer.build([s for p in pairs for s in p], 200)
+    shards = [list(make_dataset(pairs, tokenizer, 200, 32, shuffle=True, seed=3, num_shards=3, shard_index=i))
+              for i in range(3)]
+    assert len({len(s) for s in shards}) == 1
+    def ids(row, drop=()):
+        return tuple(int(i) for i in row if i != tokenizer.pad_id and i not in drop)
+
+    seen = []
+    for batches in zip(*shards):
+        assert len({labels.shape for _, labels in batches}) == 1
+        for x, labels in batches:
+            for source, target in zip(x["source_ids"].numpy(), labels.numpy()):
+                if (target != tokenizer.pad_id).any():  # rows of padding fill a last batch
+                    seen.append((ids(source), ids(target, drop=(tokenizer.end_id,))))
+    sources = tokenizer.tokenize_dense([s for s, _ in pairs]).numpy()
+    targets = tokenizer.tokenize_dense([t for _, t in pairs]).numpy()
+    expected = [(ids(s), ids(t)) for s, t in zip(sources, targets)]
+    assert len(seen) == len(expected) and sorted(seen) == sorted(expected)
+    with pytest.raises(ValueError, match="shard_index"):
+        make_dataset(pairs, tokenizer, 200, 32, num_shards=2, shard_index=2)
