@@ -149,6 +149,37 @@ def test_a_process_that_never_arrives_is_named_within_the_timeout(tmp_path):
     assert len(errors) == 1 and "process 1 never arrived" in errors[0], err[-3000:]
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")
+@pytest.mark.xfail(strict=True, reason=(
+    "Measured (JAX 0.10.2, Keras 3.15.1, CPU, gloo): on a 2 x 2 mesh whose model axis lies within each process, "
+    "the same weights and batch give another loss than one device (evaluate: 2.8296 against 2.8444; with "
+    "source = target 2.8091 against 2.6610), while the same layout on 8 devices of one process matches to 1e-5 "
+    "(test_distribution.py) and DataParallel across processes matches too. Not yet traced to its cause; "
+    "strict, so that a fix shows here."))
+def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
+    """2 processes x 2 virtual devices: a 2 x 2 (batch x model) mesh with the project's layout."""
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).parent.parent
+    port = cluster.free_port()
+    env = {**os.environ, "PYTHONPATH": str(root), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    processes = [subprocess.Popen([sys.executable, str(root / "tests" / "cluster_checks.py"), str(i), str(port)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["devices"] == results[1]["devices"] == 4
+    own = [set(r["process_devices"]) for r in results]
+    assert len(own[0]) == len(own[1]) == 2 and not own[0] & own[1]
+    # d_model 32 x (4 heads x 8) split over the model axis of 2: two heads per device.
+    assert results[0]["query_shards"] == [[32, 16], [32, 16]]
+    np.testing.assert_allclose(results[0]["sharded_fit"], results[0]["single_fit"], rtol=1e-5, atol=1e-5)
+    assert results[1]["sharded_fit"] == results[0]["sharded_fit"]  # one global loss, seen by both
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow backend's refusal")
 def test_tensorflow_refuses_several_workers():
     with pytest.raises(ClusterError, match="keras-team/keras#20585"):
