@@ -52,9 +52,33 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         per_token = (1.0 - self.epsilon) * nll + self.epsilon * uniform
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         # A scalar: the mean over real tokens (Keras' reduction leaves a scalar as is).
-        return ops.sum(per_token * mask) / ops.maximum(ops.sum(mask), 1.0)
+        total, count = ops.sum(per_token * mask), ops.sum(mask)
+        return _share_of_replicas(total, count) if _replicas() > 1 else total / ops.maximum(count, 1.0)
 
     def get_config(self):
         config = super().get_config()
         config.update({"epsilon": self.epsilon, "pad_id": self.pad_id})
         return config
+
+
+def _replicas() -> int:
+    """Replicas in sync under a `tf.distribute` strategy (1 elsewhere, and on other backends)."""
+    if keras.backend.backend() != "tensorflow":
+        return 1
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def _share_of_replicas(total, count):
+    """Under a `tf.distribute` strategy, this replica's share of the global batch's mean:
+    its tokens' loss over the tokens of every replica (summed by the strategy). The
+    strategy sums the replicas' losses' gradients (and Keras reports the sum), so the
+    run is the one-replica run on the whole batch, whatever each replica's token count."""
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None:  # called across replicas, not by one of them: the plain mean
+        return total / ops.maximum(count, 1.0)
+    everyone = context.all_reduce(tf.distribute.ReduceOp.SUM, count)
+    return total / ops.maximum(everyone, 1.0)

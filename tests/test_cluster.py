@@ -24,11 +24,6 @@ from keras_transformer.tools.cluster import Cluster, ClusterError
 
 BACKEND = keras.backend.backend()
 CHILD = "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main(sys.argv[1:]))"
-MULTI_PROCESS = pytest.mark.skipif(
-    BACKEND == "tensorflow",
-    reason="Keras' model.fit does not run under TensorFlow's MultiWorkerMirroredStrategy "
-           "(https://github.com/keras-team/keras/issues/20585, https://github.com/tensorflow/tensorflow/issues/72388); "
-           "`train` refuses TF_CONFIG with several workers (test_tensorflow_refuses_several_workers)")
 # A 1-layer model for a few steps, dropout 0 so that the runs are deterministic. The token
 # budget gives every bucket an even batch size: one process and two get the same batches.
 # 400 pairs of the numbers corpus in a TSV file, 20 held out for validation and 20 for test.
@@ -71,7 +66,6 @@ def _weights(run) -> dict:
         return {k: data[k] for k in data.files if k.startswith("model_")}
 
 
-@MULTI_PROCESS
 def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
     steps = ["--steps", "4", "--steps-per-epoch", "1"]
     one = _start(["train", "--output-dir", str(tmp_path / "one"), *FLAGS, *steps])
@@ -83,22 +77,22 @@ def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
     one_weights, two_weights = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     assert one_weights.keys() == two_weights.keys()
     # One epoch is one step: log.csv holds each step's loss. JAX computes the loss of the
-    # global batch, as one process does; PyTorch's DistributedDataParallel averages each
-    # process's gradient of the mean over its own tokens, which weighs a token by its
-    # process's token count.
-    tolerance = 1e-5 if BACKEND == "jax" else 2e-2
+    # global batch, as one process does; on TensorFlow each worker's loss is its tokens'
+    # share of the global batch's mean (the strategy sums them). PyTorch's
+    # DistributedDataParallel averages each process's gradient of the mean over its own
+    # tokens, which weighs a token by its process's token count.
+    tolerance = 2e-2 if BACKEND == "torch" else 1e-5
     np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=tolerance)
     # Adam's update is m / (sqrt(v) + 1e-9): a gradient at rounding level (the sums of two
     # processes are added in another order) still moves a weight by about the learning
     # rate, ~1e-5 here. A wrong split of the batches moves them by 1e-3 and more.
     worst = max(float(np.max(np.abs(one_weights[k] - two_weights[k]))) for k in one_weights)
-    assert worst < (1e-4 if BACKEND == "jax" else 5e-3), worst
+    assert worst < (5e-3 if BACKEND == "torch" else 1e-4), worst
     # Only the chief wrote the run directory; the files of a finished run are all there.
     for name in ("config.json", "tokenizer", "data.json", "model.keras", "metrics.json", "log.csv", "curves.png"):
         assert (tmp_path / "two" / name).exists(), name
 
 
-@MULTI_PROCESS
 def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     run, port = tmp_path / "run", cluster.free_port()
     argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "60", "--steps-per-epoch", "20"]
@@ -125,7 +119,6 @@ def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     assert (run / "model.keras").is_file() and (run / "metrics.json").is_file()
 
 
-@MULTI_PROCESS
 def test_processes_that_disagree_are_refused_before_training(tmp_path):
     port = cluster.free_port()
     argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--steps", "4", "--steps-per-epoch", "2"]
@@ -138,7 +131,10 @@ def test_processes_that_disagree_are_refused_before_training(tmp_path):
     assert not (tmp_path / "run" / "state").exists()
 
 
-@MULTI_PROCESS
+@pytest.mark.skipif(BACKEND == "tensorflow", reason=(
+    "MultiWorkerMirroredStrategy waits for every worker inside TensorFlow's context initialization, holding "
+    "the GIL (context.ensure_initialized), so no timer of the process runs; TensorFlow's own cluster "
+    "registration timeout bounds the wait"))
 def test_a_process_that_never_arrives_is_named_within_the_timeout(tmp_path):
     argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "3"]
     start = time.time()
@@ -178,12 +174,6 @@ def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
     assert results[0]["query_shards"] == [[32, 16], [32, 16]]
     np.testing.assert_allclose(results[0]["sharded_fit"], results[0]["single_fit"], rtol=1e-5, atol=1e-5)
     assert results[1]["sharded_fit"] == results[0]["sharded_fit"]  # one global loss, seen by both
-
-
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow backend's refusal")
-def test_tensorflow_refuses_several_workers():
-    with pytest.raises(ClusterError, match="keras-team/keras#20585"):
-        cluster.join(Cluster("tensorflow", 2, 0, "localhost:1234"))
 
 
 def test_the_environment_describes_the_cluster_for_each_engine():

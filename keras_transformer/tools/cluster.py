@@ -178,6 +178,7 @@ def launch_environment(backend: str, num_processes: int, process_id: int, port: 
     if backend == "torch":  # what `torchrun --nproc-per-node N` sets
         return {"MASTER_ADDR": "localhost", "MASTER_PORT": str(port), "WORLD_SIZE": str(num_processes),
                 "RANK": str(process_id), "LOCAL_RANK": str(process_id), "LOCAL_WORLD_SIZE": str(num_processes)}
+    # TensorFlow's gRPC workers each listen on a port: `port` for the chief, the next for the others.
     workers = [f"localhost:{port + i}" for i in range(num_processes)]
     return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}})}
 
@@ -187,18 +188,13 @@ def launch_environment(backend: str, num_processes: int, process_id: int, port: 
 def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     """Start the backend's engine and wait for every process, at most `timeout` seconds.
 
-    Raises:
-        ClusterError: the backend cannot train in several processes here.
-        LostProcess: the others did not all arrive in time (the engines wait far
-            longer, or abort the process, so a timer gives up first).
+    The others not all there in time, one line and status 1 (the engines wait far longer,
+    or abort the process, so a timer gives up first). On TensorFlow the strategy waits
+    inside its context initialization without releasing the GIL, so the timer cannot run
+    and TensorFlow's own registration timeout applies.
     """
     if not cluster.distributed:
         return
-    if cluster.backend == "tensorflow":
-        raise ClusterError(
-            "TF_CONFIG describes several workers, but Keras' model.fit cannot train under TensorFlow's "
-            "MultiWorkerMirroredStrategy (keras-team/keras#20585). Train in several processes with "
-            "KERAS_BACKEND=jax or torch.")
     done = threading.Event()
 
     def give_up():
@@ -218,6 +214,12 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
             import keras
 
             keras.distribution.initialize()  # reads KERAS_DISTRIBUTION_*
+        elif cluster.backend == "tensorflow":
+            import tensorflow as tf
+
+            global _STRATEGY
+            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
+            barrier(cluster, "joined")  # the strategy's first collective waits for every worker
         else:
             import datetime
 
@@ -228,6 +230,17 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     finally:
         done.set()
         timer.cancel()
+
+
+# TensorFlow's `MultiWorkerMirroredStrategy` of this process, once it has joined.
+_STRATEGY = None
+
+
+def scope(cluster: Cluster):
+    """Where a model is built and compiled: the TensorFlow strategy's scope in a cluster."""
+    if cluster.distributed and cluster.backend == "tensorflow":
+        return _STRATEGY.scope()
+    return contextlib.nullcontext()
 
 
 def _torch_cuda() -> bool:
@@ -251,7 +264,8 @@ def lost(cluster: Cluster, error: BaseException) -> LostProcess | None:
     """
     text = str(error)
     signs = ("Gloo", "gloo", "Connection reset by peer", "Connection closed by peer", "NCCL", "Broken pipe",
-             "coordination service", "DistBackendError")
+             "coordination service", "DistBackendError", "Collective ops is aborted", "Socket closed",
+             "failed to connect", "UNAVAILABLE", "is unavailable")
     if not any(sign in text for sign in signs) and type(error).__name__ != "DistBackendError":
         return None
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
@@ -283,6 +297,10 @@ def all_gather(cluster: Cluster, data: bytes) -> list[bytes]:
         from jax.experimental import multihost_utils
 
         rows = np.asarray(multihost_utils.process_allgather(row))
+    elif cluster.backend == "tensorflow":
+        import tensorflow as tf
+
+        rows = _STRATEGY.gather(_STRATEGY.run(lambda: tf.constant(row[None])), axis=0).numpy()
     else:
         import torch
         import torch.distributed as dist
@@ -438,3 +456,57 @@ def local_copy(cluster: Cluster, model, build):
         copy = build()
     copy.set_weights(model.get_weights())
     return copy
+
+
+def fit_with_strategy(model, cluster: Cluster, train_data, steps_per_epoch: int, epochs: int, initial_epoch: int,
+                      validation_data, callbacks, verbose) -> None:
+    """`model.fit` for `MultiWorkerMirroredStrategy`, which Keras' own `fit` does not run
+    under (keras-team/keras#20585): TensorFlow's documented multi-worker loop, running the
+    model's own `train_step` and `test_step` with `strategy.run` and averaging their
+    metrics over the workers with `strategy.reduce`, with Keras' callbacks called as
+    `fit` calls them. Each worker's dataset is its own slice of every batch.
+    """
+    import keras
+    import tensorflow as tf
+
+    strategy = _STRATEGY
+    callbacks = keras.callbacks.CallbackList(callbacks, add_history=True, add_progbar=verbose != 0, model=model,
+                                             verbose=verbose, epochs=epochs, steps=steps_per_epoch)
+
+    def distributed(dataset):
+        return strategy.distribute_datasets_from_function(lambda context: dataset)
+
+    def run(step):
+        @tf.function
+        def function(iterator):
+            results = strategy.run(step, args=(next(iterator),))
+            return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in results.items()}
+
+        return function
+
+    train_function, test_function = run(model.train_step), run(model.test_step)
+    batches = iter(distributed(train_data))
+    model.stop_training = False
+    callbacks.on_train_begin()
+    logs = {}
+    for epoch in range(initial_epoch, epochs):
+        model.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        for step in range(steps_per_epoch):
+            callbacks.on_train_batch_begin(step)
+            logs = train_function(batches)
+            callbacks.on_train_batch_end(step, logs)
+            if model.stop_training:
+                break
+        logs = {k: float(v) for k, v in logs.items()}
+        if validation_data is not None:
+            model.reset_metrics()
+            validation = iter(distributed(validation_data))
+            results = {}
+            for _ in range(int(validation_data.cardinality())):
+                results = test_function(validation)
+            logs.update({f"val_{k}": float(v) for k, v in results.items()})
+        callbacks.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callbacks.on_train_end(logs)

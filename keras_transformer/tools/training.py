@@ -342,12 +342,13 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
 
     keras.utils.set_random_seed(config.seed)
     cluster_lib.set_data_parallel(cluster)
-    model = build_model(config, tokenizer)
-    try:
-        initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
-    except ValueError as e:
-        raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
-                       "--output-dir.") from None
+    with cluster_lib.scope(cluster):
+        model = build_model(config, tokenizer)
+        try:
+            initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
+        except ValueError as e:
+            raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
+                           "--output-dir.") from None
     cluster_lib.wrap_model(cluster, model)
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
@@ -374,20 +375,17 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
 
     interruptible, best, last, callbacks = _callbacks(
         config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator)
+    # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
+    fit = dict(steps_per_epoch=config.steps_per_epoch * config.accumulate_steps, epochs=epochs,
+               initial_epoch=initial_epoch, validation_data=validation_data, callbacks=callbacks,
+               verbose=verbose if cluster.chief else 0)
     start = time.time()
     try:
         with interruptible:
-            model.fit(
-                train_data,
-                # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
-                steps_per_epoch=config.steps_per_epoch * config.accumulate_steps,
-                epochs=epochs,
-                initial_epoch=initial_epoch,
-                validation_data=validation_data,
-                callbacks=callbacks,
-                verbose=verbose if cluster.chief else 0,
-                shuffle=False,  # the dataset shuffles itself
-            )
+            if cluster.distributed and cluster.backend == "tensorflow":
+                cluster_lib.fit_with_strategy(model, cluster, train_data, **fit)
+            else:
+                model.fit(train_data, shuffle=False, **fit)  # the dataset shuffles itself
     except Exception as e:
         lost = cluster_lib.lost(cluster, e) if cluster.distributed else None
         if lost is None:

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
         description=(
             "Start N processes of one training run on this machine, each with the variables its backend's "
             "distributed engine reads (JAX: KERAS_DISTRIBUTION_*; PyTorch: torchrun's MASTER_ADDR, MASTER_PORT, "
-            "WORLD_SIZE, RANK), and wait for them. Example: keras-transformer launch --processes 2 -- train "
+            "WORLD_SIZE, RANK; TensorFlow: TF_CONFIG), and wait for them. Example: keras-transformer launch --processes 2 -- train "
             "--output-dir runs/two. --batch-tokens is the global batch, split between the processes."
         ),
     )
@@ -48,16 +48,11 @@ def check(args) -> None:
     if command[:1] != ["train"]:
         raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
     args.child_argv = command
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    if args.processes > 1 and backend not in ("jax", "torch"):
-        raise RunError(f"KERAS_BACKEND={backend} cannot train in several processes: Keras' model.fit does not run "
-                       "under TensorFlow's MultiWorkerMirroredStrategy (keras-team/keras#20585). Use "
-                       "KERAS_BACKEND=jax or torch.")
-    args.backend = backend
+    args.backend = os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
 def run(args) -> int:
-    port = args.port or free_port()
+    port = args.port or _free_ports(args.processes if args.backend == "tensorflow" else 1)
     children = []
     for index in range(args.processes):
         env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
@@ -66,6 +61,25 @@ def run(args) -> int:
         return _wait(children)
     except KeyboardInterrupt:  # a Ctrl-C reaches every child (one process group): wait for them
         return _wait(children) or 130
+
+
+def _free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (TensorFlow's workers each listen on one)."""
+    while True:
+        first = free_port()
+        if all(_is_free(first + i) for i in range(1, count)):
+            return first
+
+
+def _is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("localhost", port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait(children) -> int:
