@@ -72,11 +72,11 @@ def main() -> None:
                        **scores(report)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| backend | processes | steps | wall s | test loss | greedy exact match % | BLEU |")
+    print("\n| backend | processes | steps | wall s | test loss | greedy exact match % | chrF |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['backend']} | {r['processes']} | {r['steps']} | {r['wall_seconds']} | {r['test_loss']} | "
-              f"{r['exact_match']} | {r['bleu']} |")
+              f"{r['exact_match']} | {r['chrf']} |")
     out = ROOT / "benchmarks" / "results" / "multi_process.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": args.steps, "processes": args.processes, "rows": rows}, indent=2) + "\n")

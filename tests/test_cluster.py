@@ -95,7 +95,7 @@ def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
 
 def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     run, port = tmp_path / "run", cluster.free_port()
-    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "60", "--steps-per-epoch", "20"]
+    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "40", "--steps-per-epoch", "20"]
     chief, worker = (_start(argv, _env(i, 2, port)) for i in (0, 1))
     deadline = time.time() + 300
     while not (run / "state" / "state.npz").exists():  # the first epoch has ended
@@ -115,7 +115,7 @@ def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     relaunch = _start(["launch", "--processes", "2", "--", *argv])
     out, err = relaunch.communicate(timeout=600)
     assert relaunch.returncode == 0, err[-3000:]
-    assert "resuming" in out and len(_losses(run)) == 3
+    assert "resuming" in out and len(_losses(run)) == 2
     assert (run / "model.keras").is_file() and (run / "metrics.json").is_file()
 
 
@@ -257,3 +257,14 @@ def test_shards_of_an_epoch_are_the_training_split_once():
     assert len(seen) == len(expected) and sorted(seen) == sorted(expected)
     with pytest.raises(ValueError, match="shard_index"):
         make_dataset(pairs, tokenizer, 200, 32, num_shards=2, shard_index=2)
+
+
+def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
+    from tests.test_cli_train import LAUNCHER
+
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, "launch", "--processes", "2", "--", "evaluate"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert _errors(result.stderr) == ["keras-transformer launch: error: launch runs `train` in several processes: "
+                                      "give `-- train [flags]`; got 'evaluate'."]
+    assert result.stdout.strip() == "[]"

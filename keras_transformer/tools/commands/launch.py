@@ -39,12 +39,12 @@ def add_parser(sub) -> None:
     p.add_argument("--processes", type=at_least(1), default=2, help="How many processes.")
     p.add_argument("--port", type=at_least(1), default=None,
                    help="The coordinator's port on localhost. [default: a free one]")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- train [train's flags]")
+    p.add_argument("train_argv", nargs=argparse.REMAINDER, metavar="-- train ...", help="train and its flags")
     p.set_defaults(handler=run, check=check)
 
 
 def check(args) -> None:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv
     if command[:1] != ["train"]:
         raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
     args.child_argv = command
