@@ -11,16 +11,16 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
-os.environ["KERAS_BACKEND"] = "jax"
-
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.distributed_checks import BATCH, SIZES, data  # noqa: E402
+import numpy as np
 
 
 def main(process_id: int, port: int) -> dict:
+    # Set here, not at import: pytest imports this file (for doctests) in its own process.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+    os.environ["KERAS_BACKEND"] = "jax"
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.distributed_checks import BATCH, SIZES, data
+
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -238,9 +238,10 @@ def test_shards_of_an_epoch_are_the_training_split_once():
 
     pairs = numbers_corpus(train_size=300, seed=0).train
     tokenizer = Tokenizer.build([s for p in pairs for s in p], 200)
-    shards = [list(make_dataset(pairs, tokenizer, 200, 32, shuffle=True, seed=3, num_shards=3, shard_index=i))
-              for i in range(3)]
+    shards = [list(make_dataset(pairs, tokenizer, 200, 32, shuffle=True, seed=3, num_shards=3, shard_index=i,
+                                devices_per_shard=2)) for i in range(3)]
     assert len({len(s) for s in shards}) == 1
+    assert all(labels.shape[0] % 2 == 0 for batches in shards for _, labels in batches)  # 2 devices per process
     def ids(row, drop=()):
         return tuple(int(i) for i in row if i != tokenizer.pad_id and i not in drop)
 

@@ -383,6 +383,19 @@ def average(cluster: Cluster, values: dict) -> dict:
     return {k: float(v) / cluster.num_processes for k, v in zip(keys, local.cpu().tolist())}
 
 
+def devices_per_process(cluster: Cluster) -> int:
+    """The devices each process splits its rows over (its local replicas)."""
+    if not cluster.distributed:
+        return 1
+    if cluster.backend == "jax":
+        import jax
+
+        return jax.local_device_count()
+    if cluster.backend == "tensorflow":
+        return max(1, _STRATEGY.num_replicas_in_sync // cluster.num_processes)
+    return 1  # one DistributedDataParallel process per device
+
+
 def set_data_parallel(cluster: Cluster) -> None:
     """Before the model is built: JAX's `DataParallel` over every process's devices."""
     if cluster.distributed and cluster.backend == "jax":

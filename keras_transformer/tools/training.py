@@ -356,7 +356,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     if initial_epoch and cluster.chief:
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}", flush=True)
 
-    shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id)
+    shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
+                  devices_per_shard=cluster_lib.devices_per_process(cluster))
     train_data = make_dataset(
         corpus.train, tokenizer, config.batch_tokens, config.max_length,
         shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,

@@ -42,6 +42,7 @@ def make_dataset(
     seed: int = 0,
     num_shards: int = 1,
     shard_index: int = 0,
+    devices_per_shard: int = 1,
 ) -> tf.data.Dataset:
     """Batches of `({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T))`, int32.
 
@@ -65,8 +66,8 @@ def make_dataset(
         num_shards: Processes that share each batch (data-parallel training). Every
             process makes the same batches (the same seed) and keeps its slice of the
             rows: `batch_tokens` is the budget of the global batch, each bucket's batch
-            size is rounded down to a multiple of `num_shards` (at least
-            `num_shards`), and a last incomplete batch is filled with rows of padding
+            size is rounded down to a multiple of `num_shards * devices_per_shard`
+            (at least that), and a last incomplete batch is filled with rows of padding
             (masked out of the loss and the metrics) so that every process's slice has
             the same shape. Defaults to `1`.
         shard_index: This process's slice, `0 <= shard_index < num_shards`: rows
@@ -80,6 +81,7 @@ def make_dataset(
         raise ValueError(f"`shard_index` must be in [0, num_shards). Received: shard_index={shard_index}, "
                          f"num_shards={num_shards}")
     lengths = bucket_lengths(max_length)
+    multiple = num_shards * devices_per_shard  # the rows of every batch
     if batch_tokens < lengths[-1]:
         raise ValueError(
             f"`batch_tokens` must be at least `max_length` so that a longest pair fits "
@@ -120,7 +122,7 @@ def make_dataset(
         element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
         # A pair of length n goes to the first bucket whose padded length is >= n.
         bucket_boundaries=[n + 1 for n in lengths[:-1]],
-        bucket_batch_sizes=[max(num_shards, batch_tokens // n // num_shards * num_shards) for n in lengths],
+        bucket_batch_sizes=[max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
         padded_shapes=([None], [None], [None]),
         padding_values=(pad_id, pad_id, pad_id),
         pad_to_bucket_boundary=False,
@@ -141,8 +143,8 @@ def make_dataset(
                 pad(labels, target_length))
 
     ds = ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
-    if num_shards > 1:
-        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, pad_id))
+    if multiple > 1:
+        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, pad_id))
     if not repeat:
         # Bucketing hides the number of batches; count them once so that Keras knows
         # the length (progress bars, and no "ran out of data" warning at the end).
@@ -151,10 +153,11 @@ def make_dataset(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def _shard(inputs, labels, num_shards: int, shard_index: int, pad_id: int):
-    """Rows `[shard_index * b, (shard_index + 1) * b)` of a batch padded to `num_shards * b` rows."""
+def _shard(inputs, labels, num_shards: int, shard_index: int, devices_per_shard: int, pad_id: int):
+    """Rows `[shard_index * b, (shard_index + 1) * b)` of a batch padded to `num_shards * b` rows,
+    `b` a multiple of `devices_per_shard`."""
     rows = tf.shape(labels)[0]
-    per_shard = (rows + num_shards - 1) // num_shards
+    per_shard = (rows + num_shards * devices_per_shard - 1) // (num_shards * devices_per_shard) * devices_per_shard
 
     def rows_of(x):
         x = tf.pad(x, [[0, per_shard * num_shards - rows], [0, 0]], constant_values=pad_id)
