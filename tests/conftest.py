@@ -27,9 +27,14 @@ BACKEND = _backend()
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
-    """Every test starts from the same seed and the float32 policy."""
+    """Every test starts from the same seed and the float32 policy, on the suite's backend
+    (a file under tests/ that set KERAS_BACKEND when pytest imported it once moved part of
+    the TensorFlow suite onto JAX)."""
     import keras
 
+    assert keras.backend.backend() == BACKEND == os.environ.get("KERAS_BACKEND", BACKEND), (
+        f"this suite is {BACKEND}'s, but Keras runs {keras.backend.backend()} and KERAS_BACKEND is "
+        f"{os.environ.get('KERAS_BACKEND')!r}: something changed the environment")
     keras.utils.set_random_seed(1234)
     keras.config.set_dtype_policy("float32")
     yield
