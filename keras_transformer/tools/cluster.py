@@ -243,6 +243,16 @@ def scope(cluster: Cluster):
     return contextlib.nullcontext()
 
 
+def leave(cluster: Cluster) -> None:
+    """Close this process's PyTorch process group before the interpreter exits (left open,
+    gloo's threads may abort the process at exit, after the run's own last line)."""
+    if cluster.distributed and cluster.backend == "torch":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def _torch_cuda() -> bool:
     import torch
 

@@ -77,6 +77,11 @@ def check(args) -> None:
 def run(args) -> int:
     from keras_transformer.tools.training import train
 
-    train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout)
+    from keras_transformer.tools.cluster import leave
+
+    try:
+        train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout)
+    finally:
+        leave(args.cluster)
     return 0
 
