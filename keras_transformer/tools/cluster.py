@@ -36,7 +36,7 @@ import threading
 
 from keras_transformer.tools.config import RunError
 
-__all__ = ["Cluster", "ClusterError", "LostProcess", "from_environment"]
+__all__ = ["Cluster", "ClusterError", "from_environment"]
 
 # Seconds a process waits for the others to join before it gives up (`--cluster-timeout`).
 JOIN_TIMEOUT = 120
@@ -47,10 +47,6 @@ TORCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 class ClusterError(RunError):
     """The cluster's settings are wrong, or its processes disagree: status 2, before training."""
-
-
-class LostProcess(Exception):
-    """A process of the cluster stopped answering, or never arrived: status 1."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,11 +262,12 @@ def _exit_lost(cluster: Cluster, reason: str) -> None:
     os._exit(1)
 
 
-def lost(cluster: Cluster, error: BaseException) -> LostProcess | None:
-    """The `LostProcess` an exception from inside training means, or `None` for another error.
+def lost(cluster: Cluster, error: BaseException) -> str | None:
+    """What a failed collective says about the other processes, or `None` for another error.
 
     A process killed mid-step shows up in the others as a failed collective: gloo's
     "Connection reset/closed by peer", NCCL's "remote process exited", XLA's failed all-reduce.
+    The engines raise plain `RuntimeError`s for these, so their text is what tells them apart.
     """
     text = str(error)
     signs = ("Gloo", "gloo", "Connection reset by peer", "Connection closed by peer", "NCCL", "Broken pipe",
@@ -279,11 +276,20 @@ def lost(cluster: Cluster, error: BaseException) -> LostProcess | None:
     if not any(sign in text for sign in signs) and type(error).__name__ != "DistBackendError":
         return None
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return LostProcess(f"{cluster.others()} stopped answering ({first[:200]})")
+    return f"{cluster.others()} stopped answering ({first[:200]})"
 
 
-def exit_lost(cluster: Cluster, error: LostProcess) -> None:
-    _exit_lost(cluster, str(error))
+@contextlib.contextmanager
+def stop_if_lost(cluster: Cluster):
+    """Around everything a joined process does: a lost peer is one line and status 1, now,
+    wherever it shows (a training step, a barrier, the final save), never a traceback."""
+    try:
+        yield
+    except Exception as e:
+        reason = lost(cluster, e) if cluster.distributed else None
+        if reason is None:
+            raise
+        _exit_lost(cluster, reason)
 
 
 def barrier(cluster: Cluster, name: str) -> None:
@@ -467,18 +473,28 @@ def alone(cluster: Cluster):
         keras.distribution.set_distribution(previous)
 
 
-def local_copy(cluster: Cluster, model, build):
-    """The model as a plain one-process model with the same weights (built by `build()`),
-    or `model` itself in a one-process run. For what only the chief does (translate the
-    validation set, save, test): on JAX the cluster's weights span every process, and a
-    computation on them is one that all processes must run. Use the copy inside
-    `alone(cluster)`."""
-    if not cluster.distributed:
-        return model
-    with alone(cluster):
-        copy = build()
-    copy.set_weights(model.get_weights())
-    return copy
+class LocalCopy:
+    """Called, the model as a plain one-process model with its current weights (or the
+    model itself in a one-process run).
+
+    For what only the chief does (translate the validation set, save, test): on JAX the
+    cluster's weights span every process, and a computation on them is one that all
+    processes must run. The copy is built once by `build()` (inside `alone`) and given
+    the model's weights at each call. Use it inside `alone(cluster)`.
+    """
+
+    def __init__(self, cluster: Cluster, model, build):
+        self.cluster, self.model, self.build = cluster, model, build
+        self._copy = None
+
+    def __call__(self):
+        if not self.cluster.distributed:
+            return self.model
+        if self._copy is None:
+            with alone(self.cluster):
+                self._copy = self.build()
+        self._copy.set_weights(self.model.get_weights())
+        return self._copy
 
 
 def fit_with_strategy(model, cluster: Cluster, train_data, steps_per_epoch: int, epochs: int, initial_epoch: int,

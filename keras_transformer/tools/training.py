@@ -175,7 +175,14 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     if cluster is None:
         cluster = cluster_lib.from_environment(keras.backend.backend())
     cluster_lib.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
-    output_dir = pathlib.Path(output_dir)
+    with cluster_lib.stop_if_lost(cluster):
+        return _train(config, pathlib.Path(output_dir), corpus, callbacks, cluster, verbose)
+
+
+def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
+    """`train` once this process has joined its cluster."""
+    from keras_transformer.tools import cluster as cluster_lib
+
     busy = busy_error(output_dir)
 
     finished, error = None, None
@@ -366,8 +373,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
     ) if corpus.validation else None
 
-    def local_model():  # for what the chief does alone
-        return cluster_lib.local_copy(cluster, model, lambda: build_model(config, tokenizer))
+    local_model = cluster_lib.LocalCopy(cluster, model, lambda: build_model(config, tokenizer))  # the chief's, alone
 
     @contextlib.contextmanager
     def translator():
@@ -381,17 +387,11 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
                initial_epoch=initial_epoch, validation_data=validation_data, callbacks=callbacks,
                verbose=verbose if cluster.chief else 0)
     start = time.time()
-    try:
-        with interruptible:
-            if cluster.distributed and cluster.backend == "tensorflow":
-                cluster_lib.fit_with_strategy(model, cluster, train_data, **fit)
-            else:
-                model.fit(train_data, shuffle=False, **fit)  # the dataset shuffles itself
-    except Exception as e:
-        lost = cluster_lib.lost(cluster, e) if cluster.distributed else None
-        if lost is None:
-            raise
-        cluster_lib.exit_lost(cluster, lost)
+    with interruptible:
+        if cluster.distributed and cluster.backend == "tensorflow":
+            cluster_lib.fit_with_strategy(model, cluster, train_data, **fit)
+        else:
+            model.fit(train_data, shuffle=False, **fit)  # the dataset shuffles itself
     train_seconds = time.time() - start
     cluster_lib.unwrap_model(model)
     if cluster.chief:
