@@ -402,13 +402,18 @@ class Transformer(keras.Model):
             tokens, scores = self.search(source_ids, *settings, while_loop=decoding.eager_while_loop)
             return (tokens, scores) if return_scores else tokens
 
+        # A compiled search holds the variables it was made with: a model whose variables
+        # were replaced since (`quantize`, LoRA) gets a new one.
+        variables = self.variables
+
         def make():
             def search(ids, **runner):
                 return self.search(ids, *settings, **runner)
 
-            return compile_search(search, self.variables, name=f"search of model '{self.name}'", mode=mode)
+            return compile_search(search, variables, name=f"search of model '{self.name}'", mode=mode)
 
-        tokens, scores = self._searches.get((*settings, mode), make)(source_ids)
+        key = (*settings, mode, tuple(map(id, variables)))
+        tokens, scores = self._searches.get(key, make)(source_ids)
         return (tokens, scores) if return_scores else tokens
 
     def get_config(self):
