@@ -5,6 +5,7 @@ is a preset (`--preset`, `tiny` by default) with random weights; `[END]` is forb
 (`min_length`), so every run produces exactly `--output-tokens` tokens per sentence.
 Times are medians of `--repeats` runs after one warm-up run (which compiles). Every
 backend also runs the same search eagerly (`translate(..., compile=False)`, one run),
+a copy after Keras' `model.quantize("int8")` (column `int8`, compiled, cached),
 and PyTorch also with `compile="torch.compile"` (the exported programs through
 `torch.compile`; its first run includes seconds of compilation). Nothing is asserted:
 the script prints a table and writes JSON.
@@ -38,6 +39,7 @@ def measure(args) -> dict:
     import numpy as np
 
     import keras_transformer as kt
+    from keras_transformer.tools.evaluation import quantize_model
 
     keras.utils.set_random_seed(0)
     model = kt.models.Transformer.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
@@ -47,17 +49,23 @@ def measure(args) -> dict:
     n = args.output_tokens
     if args.engine == "ctranslate2":
         return measure_ctranslate2(args, model, source)
+    # The same weights after Keras' `model.quantize("int8")` (Dense kernels int8, per output channel).
+    quantized = kt.models.Transformer.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
+    quantized.build()
+    quantized.set_weights(model.get_weights())
+    quantize_model(quantized, "int8")
     results = {}
-    variants = [("cached", True, True), ("uncached", False, True), ("eager", True, False)]
+    variants = [("cached", model, True, True), ("uncached", model, False, True), ("eager", model, True, False),
+                ("int8", quantized, True, True)]
     if keras.backend.backend() == "torch":
-        variants.append(("torch_compile", True, "torch.compile"))
+        variants.append(("torch_compile", model, True, "torch.compile"))
     for search in ("greedy", "beam"):
-        for variant, use_cache, compile in variants:
+        for variant, searcher, use_cache, compile in variants:
             beam_size = 1 if search == "greedy" else args.beam_size
 
             def run():
-                return model.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache,
-                                       compile=compile)
+                return searcher.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache,
+                                          compile=compile)
             t = time.perf_counter()
             out = keras.ops.convert_to_numpy(run())  # warm-up: compiles
             compile_seconds = time.perf_counter() - t
@@ -152,7 +160,7 @@ def main() -> int:
         report["backends"][backend] = json.loads(result.stdout.strip().splitlines()[-1])
     print(f"tokens/s, {args.batch} sentences x {args.output_tokens} output tokens, beam {args.beam_size} "
           f"(median of {args.repeats})")
-    print(f"{'backend':<11}{'search':<8}{'cached':>9}{'uncached':>10}{'eager':>8}{'torch.compile':>15}"
+    print(f"{'backend':<11}{'search':<8}{'cached':>9}{'uncached':>10}{'eager':>8}{'int8':>8}{'torch.compile':>15}"
           f"{'vs eager':>10}")
     for backend, r in report["backends"].items():
         if "error" in r:
@@ -167,6 +175,7 @@ def main() -> int:
             extra = r.get(f"{search}_torch_compile", {}).get("tokens_per_second")
             print(f"{backend:<11}{search:<8}{r[f'{search}_cached']['tokens_per_second']:>9.0f}"
                   f"{r[f'{search}_uncached']['tokens_per_second']:>10.0f}{r[f'{search}_eager']['tokens_per_second']:>8.0f}"
+                  f"{r[f'{search}_int8']['tokens_per_second']:>8.0f}"
                   f"{'' if extra is None else f'{extra:.0f}':>15}{r[f'{search}_compiled_vs_eager']:>9.1f}x")
     out = pathlib.Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,10 @@ how many test translations have a space before `.`, `,`, `!` or `?`.
         --tsv ../shared/data/tatoeba-deu-eng/pairs.tsv.gz --reverse --steps 1500 \\
         --output-dir runs/tatoeba-de-en
 
+`--engines keras keras-int8 ctranslate2 ctranslate2-int8` adds beam 4 rows after Keras'
+`model.quantize("int8")` and with CTranslate2 (float32 and int8) on the run's export, each
+timed on the same sentences; run again on a finished `--output-dir`, it only evaluates.
+
 The Tatoeba copy is `English<TAB>German`: `--reverse` translates German to English.
 Its data is CC-BY 2.0 (France), "www.manythings.org/anki and tatoeba.org".
 """
@@ -35,6 +39,9 @@ RECIPE = dict(
 )
 
 
+ENGINES = ("keras", "keras-int8", "ctranslate2", "ctranslate2-int8")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tsv", help="Tab-separated pairs, source first (plain or .gz).")
@@ -48,6 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "long, leaving the evaluation to run: for runs of a fixed wall time on each backend.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=["keras"],
+                   help="Who translates the test split: keras (our greedy and beam 4), keras-int8 (beam 4 after "
+                        "Keras' model.quantize('int8')), ctranslate2 / ctranslate2-int8 (beam 4 with CTranslate2 "
+                        "float32 / int8 on the run's export; needs the ctranslate2 extra). A finished run in "
+                        "--output-dir is not trained again, so engines can be added to it later.")
     p.add_argument("--output-dir", default="runs/real-text")
     for key, value in RECIPE.items():
         p.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
@@ -110,15 +122,15 @@ def main(argv=None) -> dict:
 
     model, tokenizer = evaluation.load_run(out)
     sources, references = [s for s, _ in corpus.test], [t for _, t in corpus.test]
-    results = {}
-    for name, beam_size in (("greedy", 1), ("beam4", 4)):
+    previous = json.loads((out / "real_text.json").read_text(encoding="utf-8")) if (out / "real_text.json").is_file() else {}
+    results = dict(previous.get("test", {}))
+    for name, translate in decoders(args, out, model, tokenizer):
         t = time.time()
-        hypotheses = evaluation.translate_texts(model, tokenizer, sources, beam_size=beam_size,
-                                                batch_size=args.eval_batch_size)
+        hypotheses = translate(sources)
         scores = evaluation.score(hypotheses, references, tokenizer)
         scores["seconds"] = round(time.time() - t, 1)
         scores["space_before_punctuation"] = space_before_punctuation(hypotheses)
-        evaluation.write_lines(out / f"hypotheses.test.{name}.txt", hypotheses)
+        evaluation.write_lines(out / f"hypotheses.test.{name.replace(' ', '.')}.txt", hypotheses)
         results[name] = scores
         print(f"{name}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} ({scores['seconds']} s)", flush=True)
     with open(out / "log.csv", newline="") as f:
@@ -157,6 +169,61 @@ def main(argv=None) -> dict:
     (out / "real_text.md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report), flush=True)
     return report
+
+
+def decoders(args, out: pathlib.Path, model, tokenizer):
+    """`(name, translate)` for each engine asked for; `translate(sources)` returns strings."""
+    from keras_transformer.tools import evaluation
+
+    def ours(search_model, beam_size):
+        return lambda sources: evaluation.translate_texts(search_model, tokenizer, sources, beam_size=beam_size,
+                                                          batch_size=args.eval_batch_size)
+
+    if "keras" in args.engines:
+        yield "greedy", ours(model, 1)
+        yield "beam4", ours(model, 4)
+    if "keras-int8" in args.engines:
+        quantized, _ = evaluation.load_run(out, quantize="int8")
+        yield "beam4 keras int8", ours(quantized, 4)
+    for engine in ("ctranslate2", "ctranslate2-int8"):
+        if engine in args.engines:
+            quantization = "int8" if engine.endswith("int8") else None
+            yield f"beam4 {engine.replace('-', ' ')}", ctranslate2_translator(out, model, tokenizer, quantization,
+                                                                             args.eval_batch_size)
+
+
+def ctranslate2_translator(out: pathlib.Path, model, tokenizer, quantization, batch_size: int):
+    """Translate with CTranslate2 and SentencePiece alone (the export's README lines), beam 4.
+
+    CTranslate2 normalizes by `length ** length_penalty`; `length_penalty=1` is the setting
+    closest to our GNMT penalty with alpha 0.6. The output limit is ours: source + 50 tokens.
+    """
+    import ctranslate2
+    import sentencepiece
+
+    from keras_transformer.defaults import MAX_EXTRA_LENGTH
+    from keras_transformer.tools.ctranslate2_export import export_ctranslate2
+
+    directory = out / f"ctranslate2-{quantization or 'float32'}"
+    if not directory.is_dir():
+        export_ctranslate2(model, tokenizer, directory, quantization=quantization)
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=os.cpu_count() or 1)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
+
+    def translate(sources):
+        pieces = [sp.encode(s.lower() if tokenizer.lower_case else s, out_type=str) for s in sources]
+        order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]))
+        results = [""] * len(pieces)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            longest = max(len(pieces[i]) for i in chunk)
+            outputs = translator.translate_batch([pieces[i] for i in chunk], beam_size=4, length_penalty=1.0,
+                                                 max_decoding_length=longest + MAX_EXTRA_LENGTH)
+            for i, result in zip(chunk, outputs):
+                results[i] = sp.decode(result.hypotheses[0])
+        return results
+
+    return translate
 
 
 def markdown(r: dict) -> str:

@@ -98,6 +98,56 @@ def test_export_command(demo, tmp_path, capsys):
     assert "tensorflow/serving" in capsys.readouterr().out
 
 
+def test_quantize_int8_translates_with_keras_int8_weights(demo, capsys):
+    from keras_transformer.tools import evaluation
+
+    run, texts = str(demo / "run"), ["seven", "forty-two", "nine hundred and one"]
+
+    def n_best(*flags):
+        assert cli.main(["translate", "--run-dir", run, "--beam-size", "2", "--n-best", "1", *flags, *texts]) == 0
+        return [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+
+    float32, int8 = n_best(), n_best("--quantize", "int8")
+    # The library's search on Keras' int8 model: the command's translations and scores.
+    model, tokenizer = evaluation.load_run(run, quantize="int8")
+    assert all(layer.quantization_mode == "int8" for layer in model._flatten_layers()
+               if type(layer).__name__ == "Dense") and model.encoder.blocks  # Dense layers were found
+    expected = evaluation.translate_texts(model, tokenizer, texts, beam_size=2, n_best=1)
+    assert [t for _, t, _ in int8] == [t for [(t, _)] in expected]
+    assert [float(s) for _, _, s in int8] == pytest.approx([s for [(_, s)] in expected], abs=2e-4)
+    # int8 is not float32: the scores move (so the check above can fail).
+    assert max(abs(float(a[2]) - float(b[2])) for a, b in zip(float32, int8)) > 1e-4
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["translate", "--run-dir", run, "--quantize", "int4", "seven"])
+    assert exit.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow",
+                    reason="export always runs on TensorFlow (a child process under JAX and PyTorch, the code this "
+                           "TensorFlow test runs in-process); one backend keeps CI short")
+def test_export_quantize_int8_writes_a_smaller_saved_model_that_translates_like_the_int8_library(demo, tmp_path,
+                                                                                                capsys):
+    from keras_transformer.tools import evaluation, saved_model_client
+
+    run, texts = str(demo / "run"), ["seven", "forty-two", "nine hundred and one"]
+    assert cli.main(["export", "--run-dir", run, "--output", str(tmp_path / "int8"), "--quantize", "int8",
+                     "--beam-size", "2"]) == 0
+    assert "(Dense layers int8)" in capsys.readouterr().out
+    model, tokenizer = evaluation.load_run(run, quantize="int8")
+    assert saved_model_client.translate(tmp_path / "int8", texts) == evaluation.translate_texts(
+        model, tokenizer, texts, beam_size=2)
+
+    def size(path):
+        return sum(f.stat().st_size for f in (path / "variables").iterdir())
+
+    assert size(tmp_path / "int8") < 0.8 * size(demo / "translator")  # float32 demo export, same run
+    # --quantize is Keras'; CTranslate2's weight types are --quantization's.
+    assert cli.main(["export", "--run-dir", run, "--output", str(tmp_path / "ct2"), "--format", "ctranslate2",
+                     "--quantize", "int8"]) == 2
+    assert "give its weight type with --quantization" in capsys.readouterr().err
+    assert not (tmp_path / "ct2").exists()
+
+
 def test_missing_or_broken_checkpoint_exits_2(tmp_path, capsys):
     assert cli.main(["evaluate", "--run-dir", str(tmp_path / "nowhere")]) == 2
     assert "No run directory" in capsys.readouterr().err

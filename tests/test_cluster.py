@@ -95,8 +95,9 @@ def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
 
 def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     run, port = tmp_path / "run", cluster.free_port()
-    # Three epochs: the kill lands in the second or third, whatever the machine's speed.
-    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "60", "--steps-per-epoch", "20"]
+    # Killed as soon as the first epoch's state is written: the second epoch's 20 steps
+    # and the final save take far longer than the 0.05 s the kill may lag.
+    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "40", "--steps-per-epoch", "20"]
     chief, worker = (_start(argv, _env(i, 2, port)) for i in (0, 1))
     deadline = time.time() + 300
     while not (run / "state" / "state.npz").exists():  # the first epoch has ended
@@ -115,7 +116,7 @@ def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     relaunch = _start(["launch", "--processes", "2", "--", *argv])
     out, err = relaunch.communicate(timeout=600)
     assert relaunch.returncode == 0, err[-3000:]
-    assert "resuming" in out and len(_losses(run)) == 3
+    assert "resuming" in out and len(_losses(run)) == 2
     assert (run / "model.keras").is_file() and (run / "metrics.json").is_file()
 
 

@@ -157,10 +157,12 @@ def test_compiled_searches_are_bounded_and_owned_by_the_model():
     model._searches.max_entries = 2  # the same rule with fewer compilations
     for n in (3, 4, 5):
         model.translate(_source(), beam_size=1, max_length=n)
-    assert len(model._searches) == 2
-    first = model._searches.get((5, 1, 0.6, 0, True, 1, "default"), lambda: None)
-    assert first is not None  # the newest setting is kept; the oldest (3) was dropped
-    assert model._searches.get((3, 1, 0.6, 0, True, 1, "default"), lambda: "made again") == "made again"
+    # Keys start with the longest output: the newest settings are kept, the oldest (3) dropped.
+    assert [key[0] for key in model._searches.keys()] == [4, 5]
+    model.translate(_source(), beam_size=1, max_length=5)  # found: nothing made, nothing dropped
+    assert [key[0] for key in model._searches.keys()] == [4, 5]
+    model.translate(_source(), beam_size=1, max_length=3)  # made again, dropping the oldest
+    assert [key[0] for key in model._searches.keys()] == [5, 3]
 
 
 class _TinyLM:

@@ -136,6 +136,11 @@ class FunctionCache:
     def __len__(self) -> int:
         return len(self._functions)
 
+    def keys(self) -> list:
+        """The keys stored, oldest first."""
+        with self._lock:
+            return list(self._functions)
+
     def values(self) -> list:
         """The stored functions, oldest first."""
         with self._lock:

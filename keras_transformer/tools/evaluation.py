@@ -14,15 +14,43 @@ from keras_transformer.tools import files
 from keras_transformer.tools.files import RunDirError
 
 
-def load_run(run_dir, model: str = "final"):
+# What `quantize_model` accepts: Keras' `model.quantize` modes this model is measured with.
+QUANTIZE_MODES = ("int8",)
+
+
+def load_run(run_dir, model: str = "final", quantize: str | None = None):
     """The model and tokenizer of a training run directory.
 
     Args:
         run_dir: A directory written by `train`.
         model: `"final"` (`model.keras`, the averaged checkpoints) or `"best"`
             (`best/model.keras`, the best epoch by the run's validation score).
+        quantize: `"int8"` to quantize the model's Dense layers (see `quantize_model`).
+            Defaults to `None` (the saved float weights).
     """
-    return load_model_file(files.run_model_file(run_dir, model)), _load_tokenizer(pathlib.Path(run_dir) / "tokenizer")
+    loaded = load_model_file(files.run_model_file(run_dir, model))
+    if quantize is not None:
+        quantize_model(loaded, quantize)
+    return loaded, _load_tokenizer(pathlib.Path(run_dir) / "tokenizer")
+
+
+def quantize_model(model, mode: str = "int8"):
+    """Quantize `model` in place with Keras' `model.quantize(mode)` and return it.
+
+    `"int8"` stores every Dense kernel (attention projections, feed-forward layers) as
+    int8 with one float scale per output channel, and quantizes each layer's input on the
+    fly; the embedding (and so the tied output projection) and the layer norms stay
+    float. Keras' warning for each layer without a `quantize` method (the layer norms) is
+    not shown.
+    """
+    import warnings
+
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"`mode` must be one of {QUANTIZE_MODES}. Received: mode={mode!r}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+        model.quantize(mode)
+    return model
 
 
 def load_model_file(model_file):

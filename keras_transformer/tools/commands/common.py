@@ -31,6 +31,13 @@ def run_dir_flag(p) -> None:
                         "epoch with the best validation BLEU (runs trained with --validate-translations).")
 
 
+def quantize_flag(p, what: str) -> None:
+    p.add_argument("--quantize", choices=("int8",),
+                   help=f"Quantize the model's Dense layers to int8 with Keras' model.quantize before {what} "
+                        "(the embedding and layer norms stay float); see docs/guides/export.md for what it costs "
+                        "in BLEU and gains in size and speed on each backend.")
+
+
 def at_least(minimum, kind=int):
     def convert(text):
         try:

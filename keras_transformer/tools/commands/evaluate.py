@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.tools.commands.common import add_command, at_least, decoding_flags, run_dir_flag
+from keras_transformer.tools.commands.common import add_command, at_least, decoding_flags, quantize_flag, run_dir_flag
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import run_model_file
 
@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
     p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
     decoding_flags(p)
+    quantize_flag(p, "translating")
     p.set_defaults(handler=run, check=check)
 
 
@@ -48,7 +49,7 @@ def run(args) -> int:
     from keras_transformer.tools.training import load_corpus
 
     out = args.hypotheses
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     if args.source_file:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
         name = "files"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.tools.commands.common import add_command, decoding_flags, run_dir_flag
+from keras_transformer.tools.commands.common import add_command, decoding_flags, quantize_flag, run_dir_flag
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file, tokenizer_kind
 
@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
                    help="ctranslate2 only: CTranslate2's weight type, e.g. int8, int8_float32, float16 "
                         "[default: the float32 weights]")
     decoding_flags(p, batch=False)
+    quantize_flag(p, "exporting the SavedModel")
     p.set_defaults(handler=run, check=check)
 
 
@@ -39,7 +40,11 @@ def check(args) -> None:
         raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
     if args.format != "ctranslate2":
         if args.quantization is not None:
-            raise RunError("--quantization applies to --format ctranslate2 only")
+            raise RunError("--quantization applies to --format ctranslate2 only (--quantize int8 quantizes the "
+                           "SavedModel's Dense layers with Keras)")
+    elif args.quantize is not None:
+        raise RunError("--quantize is Keras' quantization of the SavedModel; for CTranslate2 give its weight type "
+                       "with --quantization, e.g. --quantization int8")
     else:
         from keras_transformer.tools.ctranslate2_export import CTranslate2Error, check_tokenizer_kind, quantizations
 
@@ -65,7 +70,7 @@ def check(args) -> None:
 def run(args) -> int:
     from keras_transformer.tools import evaluation, export
 
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     if args.format == "ctranslate2":
         from keras_transformer.tools.ctranslate2_export import (
             CTranslate2Error,
@@ -81,7 +86,7 @@ def run(args) -> int:
         print(ctranslate2_instructions(os.path.abspath(args.output), tokenizer.lower_case))
         return 0
     export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
-    print(f"SavedModel written to {args.output}")
+    print(f"SavedModel written to {args.output}" + (f" (Dense layers {args.quantize})" if args.quantize else ""))
     print(serving_instructions(args.output))
     return 0
 

@@ -6,7 +6,8 @@ import os
 import pathlib
 import sys
 
-from keras_transformer.tools.commands.common import add_command, at_least, decoding_flags, fit_verbosity, run_dir_flag
+from keras_transformer.tools.commands.common import (add_command, at_least, decoding_flags, fit_verbosity, quantize_flag,
+                                                      run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file
 
@@ -29,6 +30,7 @@ def add_parser(sub) -> None:
                         "SCORE is log P / length penalty).")
     run_dir_flag(p)
     decoding_flags(p)
+    quantize_flag(p, "translating")
     p.set_defaults(handler=run, check=check)
 
 
@@ -64,7 +66,7 @@ def run(args) -> int:
         texts = corpora.read_lines(args.input)
     else:
         texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model)
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
     chunk_size = (args.batch_size or 64) * (16 if output else 4)
