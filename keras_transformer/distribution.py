@@ -96,10 +96,17 @@ def layout_map(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff:
 
 
 def model_parallel(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff: int,
-                   model_axis: str = "model", batch_dim_name: str = "batch") -> keras.distribution.ModelParallel:
+                   model_axis: str = "model", batch_dim_name: str = "batch",
+                   auto_shard_dataset: bool = True) -> keras.distribution.ModelParallel:
     """`keras.distribution.ModelParallel` with `layout_map`'s Megatron split, the batch split
     over `batch_dim_name`. Pass it to `keras.distribution.set_distribution` before building
-    the model."""
+    the model.
+
+    In several processes, Keras by default treats each process's `tf.data` batches as
+    global ones and shards them again (`auto_shard_dataset=True`); pass `False` when each
+    process already reads its own rows of every global batch.
+    """
     return keras.distribution.ModelParallel(
-        layout_map=layout_map(device_mesh, num_heads, d_ff, model_axis), batch_dim_name=batch_dim_name)
+        layout_map=layout_map(device_mesh, num_heads, d_ff, model_axis), batch_dim_name=batch_dim_name,
+        auto_shard_dataset=auto_shard_dataset)
 

@@ -50,7 +50,9 @@ def main(process_id: int, port: int) -> dict:
     single = kt.models.Transformer(**SIZES)  # on this process's first device
     single.build()
     mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"], jax.devices())
-    keras.distribution.set_distribution(kt.distribution.model_parallel(mesh, SIZES["num_heads"], SIZES["d_ff"]))
+    # Each process feeds its own half of every global batch.
+    keras.distribution.set_distribution(kt.distribution.model_parallel(mesh, SIZES["num_heads"], SIZES["d_ff"],
+                                                                       auto_shard_dataset=False))
     sharded = kt.models.Transformer(**SIZES)
     sharded.build()
     sharded.set_weights(single.get_weights())

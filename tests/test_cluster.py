@@ -147,12 +147,6 @@ def test_a_process_that_never_arrives_is_named_within_the_timeout(tmp_path):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")
-@pytest.mark.xfail(strict=True, reason=(
-    "Measured (JAX 0.10.2, Keras 3.15.1, CPU, gloo): on a 2 x 2 mesh whose model axis lies within each process, "
-    "the same weights and batch give another loss than one device (evaluate: 2.8296 against 2.8444; with "
-    "source = target 2.8091 against 2.6610), while the same layout on 8 devices of one process matches to 1e-5 "
-    "(test_distribution.py) and DataParallel across processes matches too. Not yet traced to its cause; "
-    "strict, so that a fix shows here."))
 def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
     """2 processes x 2 virtual devices: a 2 x 2 (batch x model) mesh with the project's layout."""
     import json
