@@ -37,6 +37,11 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     1.3863
     """
 
+    # For PyTorch's DistributedDataParallel, whose backward averages the processes'
+    # gradients: `f(count) -> (count summed over the processes, number of processes)`, set
+    # by `keras_transformer.tools.cluster.wrap_model` while the model trains in a cluster.
+    sum_over_processes = None
+
     def __init__(self, epsilon: float = 0.1, pad_id: int = PAD_ID, name: str = "label_smoothed_cross_entropy", **kwargs):
         super().__init__(name=name, **kwargs)
         _checks.rates(epsilon=epsilon)
@@ -53,7 +58,14 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         # A scalar: the mean over real tokens (Keras' reduction leaves a scalar as is).
         total, count = ops.sum(per_token * mask), ops.sum(mask)
-        return _share_of_replicas(total, count) if _replicas() > 1 else total / ops.maximum(count, 1.0)
+        if _replicas() > 1:
+            return _share_of_replicas(total, count)
+        if self.sum_over_processes is not None:
+            # DDP divides the summed gradients by the processes: scaled back, each process's
+            # share is its tokens' loss over every process's tokens, as under tf.distribute.
+            everyone, processes = self.sum_over_processes(count)
+            return total * processes / ops.maximum(everyone, 1.0)
+        return total / ops.maximum(count, 1.0)
 
     def get_config(self):
         config = super().get_config()

@@ -431,6 +431,8 @@ def wrap_model(cluster: Cluster, model) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+
     class Forward(torch.nn.Module):
         """The model's `call` as a module, for DDP to wrap (DDP calls `forward`)."""
 
@@ -448,12 +450,27 @@ def wrap_model(cluster: Cluster, model) -> None:
 
     # An attribute of the instance: `Layer.__call__` (and so `train_step`) reaches DDP.
     object.__setattr__(model, "call", call)
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, LabelSmoothedCrossEntropy):
+        loss.sum_over_processes = _torch_sum_over_processes
+
+
+def _torch_sum_over_processes(count):
+    """A scalar tensor summed over the processes, and their number (for the loss)."""
+    import torch.distributed as dist
+
+    everyone = count.detach().clone()
+    dist.all_reduce(everyone)
+    return everyone, dist.get_world_size()
 
 
 def unwrap_model(model) -> None:
-    """Undo `wrap_model` (the model's own `call` again)."""
+    """Undo `wrap_model` (the model's own `call` again, a loss of this process alone)."""
     if "call" in vars(model):
         object.__delattr__(model, "call")
+    loss = getattr(model, "loss", None)
+    if "sum_over_processes" in getattr(loss, "__dict__", {}):
+        del loss.sum_over_processes
 
 
 @contextlib.contextmanager
