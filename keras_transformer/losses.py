@@ -39,7 +39,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     # For PyTorch's DistributedDataParallel, whose backward averages the processes'
     # gradients: `f(count) -> (count summed over the processes, number of processes)`, set
-    # by `keras_transformer.tools.cluster.wrap_model` while the model trains in a cluster.
+    # by `keras_transformer.tools.distributed_fit.wrap_model` while the model trains in a cluster.
     sum_over_processes = None
 
     def __init__(self, epsilon: float = 0.1, pad_id: int = PAD_ID, name: str = "label_smoothed_cross_entropy", **kwargs):

@@ -222,7 +222,8 @@ def test_a_bad_cluster_setting_exits_2_before_any_backend_loads(tmp_path):
 
 LOST = """
 import sys
-from keras_transformer.tools.cluster import Cluster, stop_if_lost
+from keras_transformer.tools.cluster import Cluster
+from keras_transformer.tools.collectives import stop_if_lost
 with stop_if_lost(Cluster("torch", 3, 1, "localhost:1")):
     raise RuntimeError(sys.argv[1])
 """

@@ -34,7 +34,8 @@ from keras_transformer.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.models.transformer import Transformer
 from keras_transformer.schedules import transformer_optimizer
 from keras_transformer.tools import callbacks as kt_callbacks
-from keras_transformer.tools import files
+from keras_transformer.tools import cluster as cluster_lib
+from keras_transformer.tools import collectives, distributed_fit, files
 from keras_transformer.tools.config import RunError, TrainConfig, busy_error
 
 __all__ = ["RunError", "TrainConfig", "build_model", "check_output_dir", "load_corpus", "train"]
@@ -168,21 +169,17 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     its slice of every global batch. `output_dir` must be one directory that every
     process can read. `join_timeout` bounds the wait for the other processes.
     """
-    from keras_transformer.tools import cluster as cluster_lib
-
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
     if cluster is None:
         cluster = cluster_lib.from_environment(keras.backend.backend())
-    cluster_lib.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
-    with cluster_lib.stop_if_lost(cluster):
+    collectives.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
+    with collectives.stop_if_lost(cluster):
         return _train(config, pathlib.Path(output_dir), corpus, callbacks, cluster, verbose)
 
 
 def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
     """`train` once this process has joined its cluster."""
-    from keras_transformer.tools import cluster as cluster_lib
-
     busy = busy_error(output_dir)
 
     finished, error = None, None
@@ -194,8 +191,8 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
                 finished = _finished_metrics(config, output_dir)
     except RunError as e:
         error = e
-    cluster_lib.agree(cluster, error)
-    if cluster_lib.stop_together(cluster, finished is not None):
+    collectives.agree(cluster, error)
+    if collectives.stop_together(cluster, finished is not None):
         if cluster.chief:
             print(f"{output_dir} holds this run, finished at step {finished['steps']} of {config.steps}: "
                   "nothing left to train. Its test metrics:", flush=True)
@@ -207,15 +204,15 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
         corpus = load_corpus(config) if corpus is None else corpus
     except RunError as e:
         error = e
-    cluster_lib.agree(cluster, error)
-    cluster_lib.check_same(cluster, _facts(config, corpus))
+    collectives.agree(cluster, error)
+    collectives.check_same(cluster, _facts(config, corpus))
     tokenizer = None
     if cluster.chief:
         try:
             tokenizer, data = _prepare(config, output_dir, corpus, resuming)
         except RunError as e:
             error = e
-    cluster_lib.agree(cluster, error)
+    collectives.agree(cluster, error)
     with contextlib.ExitStack() as held:
         if cluster.chief:
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +222,7 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
             if not (output_dir / "tokenizer").is_dir() or not resuming:
                 tokenizer.save(output_dir / "tokenizer")
             files.write_json(output_dir / "data.json", data)
-        cluster_lib.barrier(cluster, "run directory written")
+        collectives.barrier(cluster, "run directory written")
         if tokenizer is None:  # the chief's vocabulary
             tokenizer = _load_tokenizer(output_dir / "tokenizer")
         return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster)
@@ -234,8 +231,6 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
 def _facts(config: TrainConfig, corpus) -> dict:
     """What every process of a run must share (`cluster.check_same`)."""
     import sys
-
-    from keras_transformer.tools import cluster as cluster_lib
 
     settings = {f"--{k.replace('_', '-')}": v for k, v in dataclasses.asdict(config).items()}
     versions = {"python": sys.version.split()[0], "keras": keras.__version__, "backend": keras.backend.backend()}
@@ -344,19 +339,18 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
 
 
 def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster) -> dict:
-    from keras_transformer.tools import cluster as cluster_lib
     from keras_transformer.tools.text.datasets import make_dataset
 
     keras.utils.set_random_seed(config.seed)
-    cluster_lib.set_data_parallel(cluster)
-    with cluster_lib.scope(cluster):
+    distributed_fit.set_data_parallel(cluster)
+    with distributed_fit.scope(cluster):
         model = build_model(config, tokenizer)
         try:
             initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
         except ValueError as e:
             raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
                            "--output-dir.") from None
-    cluster_lib.wrap_model(cluster, model)
+    distributed_fit.wrap_model(cluster, model)
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
@@ -364,7 +358,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}", flush=True)
 
     shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
-                  devices_per_shard=cluster_lib.devices_per_process(cluster))
+                  devices_per_shard=distributed_fit.devices_per_process(cluster))
     train_data = make_dataset(
         corpus.train, tokenizer, config.batch_tokens, config.max_length,
         shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
@@ -373,11 +367,11 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
     ) if corpus.validation else None
 
-    local_model = cluster_lib.LocalCopy(cluster, model, lambda: build_model(config, tokenizer))  # the chief's, alone
+    local_model = distributed_fit.LocalCopy(cluster, model, lambda: build_model(config, tokenizer))  # the chief's, alone
 
     @contextlib.contextmanager
     def translator():
-        with cluster_lib.alone(cluster):
+        with distributed_fit.alone(cluster):
             yield local_model()
 
     interruptible, best, last, callbacks = _callbacks(
@@ -389,17 +383,17 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     start = time.time()
     with interruptible:
         if cluster.distributed and cluster.backend == "tensorflow":
-            cluster_lib.fit_with_strategy(model, cluster, train_data, **fit)
+            distributed_fit.fit_with_strategy(model, cluster, train_data, **fit)
         else:
             model.fit(train_data, shuffle=False, **fit)  # the dataset shuffles itself
     train_seconds = time.time() - start
-    cluster_lib.unwrap_model(model)
+    distributed_fit.unwrap_model(model)
     if cluster.chief:
         steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-        with cluster_lib.alone(cluster):
+        with distributed_fit.alone(cluster):
             metrics = _finish(local_model(), config, output_dir, corpus, tokenizer, best, last, interruptible,
                           {"steps": steps, "train_seconds_this_session": round(train_seconds, 1)})
-    cluster_lib.barrier(cluster, "run finished")
+    collectives.barrier(cluster, "run finished")
     if not cluster.chief:
         metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
     return metrics
@@ -427,14 +421,12 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, 
 
     In a cluster, the other processes get only what keeps them in step with the chief:
     metrics averaged over the processes (PyTorch) and the chief's decision to stop."""
-    from keras_transformer.tools import cluster as cluster_lib
-
     # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
     interruptible = kt_callbacks.Interruptible()
     callbacks, best, last = [interruptible], None, None
-    shared = [kt_callbacks.SharedStop(cluster, cluster_lib.stop_together)] if cluster.distributed else []
+    shared = [kt_callbacks.SharedStop(cluster, collectives.stop_together)] if cluster.distributed else []
     if cluster.distributed:
-        callbacks.append(kt_callbacks.SharedLogs(cluster, cluster_lib.average))
+        callbacks.append(kt_callbacks.SharedLogs(cluster, collectives.average))
     if not cluster.chief:
         return interruptible, best, last, callbacks + shared
     if config.validate_translations and corpus.validation:

@@ -77,7 +77,7 @@ def check(args) -> None:
 def run(args) -> int:
     from keras_transformer.tools.training import train
 
-    from keras_transformer.tools.cluster import leave
+    from keras_transformer.tools.collectives import leave
 
     try:
         train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout)

@@ -1,0 +1,227 @@
+"""The engines' process group: joining it, the collectives `train` uses, leaving it.
+
+Every function takes the `Cluster` and does nothing (or the one-process thing) when it
+is one process. The collectives are the engines' own: JAX's
+`multihost_utils.process_allgather`, `torch.distributed`'s `all_gather`/`all_reduce`, the
+TensorFlow strategy's `gather`; no process talks to another except through them. A
+process that stops answering surfaces as a failed collective: `stop_if_lost` turns that
+into one line and status 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import threading
+
+from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError
+
+def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
+    """Start the backend's engine and wait for every process, at most `timeout` seconds.
+
+    The others not all there in time, one line and status 1 (the engines wait far longer,
+    or abort the process, so a timer gives up first). On TensorFlow the strategy waits
+    inside its context initialization without releasing the GIL, so the timer cannot run
+    and TensorFlow's own registration timeout applies.
+    """
+    if not cluster.distributed:
+        return
+    done = threading.Event()
+
+    def give_up():
+        if not done.is_set():
+            _exit_lost(cluster, f"the cluster did not form within {timeout:g} s at {cluster.address}: "
+                                f"{cluster.others()} never arrived (or two processes were given the same index)")
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        if cluster.backend == "jax":
+            import jax
+
+            # The collectives of XLA's CPU client between processes (GPUs and TPUs have their own).
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            import keras
+
+            keras.distribution.initialize()  # reads KERAS_DISTRIBUTION_*
+        elif cluster.backend == "tensorflow":
+            import tensorflow as tf
+
+            global _STRATEGY
+            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
+            barrier(cluster, "joined")  # the strategy's first collective waits for every worker
+        else:
+            import datetime
+
+            import torch.distributed as dist
+
+            dist.init_process_group("nccl" if torch_cuda() else "gloo",
+                                    timeout=datetime.timedelta(seconds=max(timeout, 1800)))
+    finally:
+        done.set()
+        timer.cancel()
+
+
+# TensorFlow's `MultiWorkerMirroredStrategy` of this process, once it has joined.
+_STRATEGY = None
+
+
+def strategy():
+    """This process's `MultiWorkerMirroredStrategy` (TensorFlow, once joined)."""
+    return _STRATEGY
+
+
+def leave(cluster: Cluster) -> None:
+    """Close this process's PyTorch process group before the interpreter exits (left open,
+    gloo's threads may abort the process at exit, after the run's own last line)."""
+    if cluster.distributed and cluster.backend == "torch":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _exit_lost(cluster: Cluster, reason: str) -> None:
+    """One line and status 1, now: the engines' own shutdown would wait for the lost process."""
+    print(f"keras-transformer train: error: {cluster.name}: {reason}. Run the same launch again to resume.",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def lost(cluster: Cluster, error: BaseException) -> str | None:
+    """What a failed collective says about the other processes, or `None` for another error.
+
+    A process killed mid-step shows up in the others as a failed collective: gloo's
+    "Connection reset/closed by peer", NCCL's "remote process exited", XLA's failed all-reduce.
+    The engines raise plain `RuntimeError`s for these, so their text is what tells them apart.
+    """
+    text = str(error)
+    signs = ("Gloo", "gloo", "Connection reset by peer", "Connection closed by peer", "NCCL", "Broken pipe",
+             "coordination service", "DistBackendError", "Collective ops is aborted", "Socket closed",
+             "failed to connect", "UNAVAILABLE", "is unavailable")
+    if not any(sign in text for sign in signs) and type(error).__name__ != "DistBackendError":
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return f"{cluster.others()} stopped answering ({first[:200]})"
+
+
+@contextlib.contextmanager
+def stop_if_lost(cluster: Cluster):
+    """Around everything a joined process does: a lost peer is one line and status 1, now,
+    wherever it shows (a training step, a barrier, the final save), never a traceback."""
+    try:
+        yield
+    except Exception as e:
+        reason = lost(cluster, e) if cluster.distributed else None
+        if reason is None:
+            raise
+        _exit_lost(cluster, reason)
+
+
+def barrier(cluster: Cluster, name: str) -> None:
+    """Wait until every process reaches the barrier `name`."""
+    if not cluster.distributed:
+        return
+    all_gather(cluster, b"")
+
+
+def all_gather(cluster: Cluster, data: bytes) -> list[bytes]:
+    """Every process's `data` (at most 1 KiB), in process order, through the engine."""
+    if not cluster.distributed:
+        return [data]
+    import numpy as np
+
+    if len(data) > 1024:
+        raise ValueError(f"all_gather carries at most 1024 bytes; got {len(data)}")
+    row = np.zeros(1025, np.int32)
+    row[0], row[1:1 + len(data)] = len(data), np.frombuffer(data, np.uint8)
+    if cluster.backend == "jax":
+        from jax.experimental import multihost_utils
+
+        rows = np.asarray(multihost_utils.process_allgather(row))
+    elif cluster.backend == "tensorflow":
+        import tensorflow as tf
+
+        rows = _STRATEGY.gather(_STRATEGY.run(lambda: tf.constant(row[None])), axis=0).numpy()
+    else:
+        import torch
+        import torch.distributed as dist
+
+        device = "cuda" if torch_cuda() else "cpu"
+        local = torch.as_tensor(row, device=device)
+        gathered = [torch.empty_like(local) for _ in range(cluster.num_processes)]
+        dist.all_gather(gathered, local)
+        rows = np.stack([g.cpu().numpy() for g in gathered])
+    return [bytes(r[1:1 + r[0]].astype(np.uint8)) for r in rows]
+
+
+def agree(cluster: Cluster, error: Exception | None) -> None:
+    """Every process says whether it is ready; if one is not, all stop with status 2.
+
+    The process with the problem raises its own `error`; the others name it.
+    """
+    if not cluster.distributed:
+        if error is not None:
+            raise error
+        return
+    message = b"" if error is None else str(error).encode("utf-8")[:1000]
+    replies = all_gather(cluster, b"ok" if error is None else b"no" + message)
+    if error is not None:
+        raise error
+    failed = [i for i, reply in enumerate(replies) if reply != b"ok"]
+    if failed:
+        first = replies[failed[0]][2:].decode("utf-8", "replace")
+        raise ClusterError(f"process {failed[0]} cannot train: {first}")
+
+
+def check_same(cluster: Cluster, facts: dict[str, object]) -> None:
+    """Refuse to train unless every process has the same `facts` (by name: settings, corpus,
+    versions; at most 128 of them), in the order given.
+
+    Raises:
+        ClusterError: naming the first fact that differs and the processes that differ.
+    """
+    if not cluster.distributed:
+        return
+    keys = list(facts)
+    digest = b"".join(hashlib.sha256(json.dumps(facts[k], sort_keys=True, default=str).encode()).digest()[:8]
+                      for k in keys)
+    digests = all_gather(cluster, digest)
+    for i, key in enumerate(keys):
+        own = [d[8 * i: 8 * i + 8] for d in digests]
+        differ = [p for p, d in enumerate(own) if d != own[0]]
+        if differ:
+            raise ClusterError(f"the processes disagree on {key}: process {differ[0]}'s differs from process 0's. "
+                               "Launch every process with the same flags, files and versions.")
+
+
+def stop_together(cluster: Cluster, stop: bool) -> bool:
+    """The chief's decision to stop, known to every process (a callback's early stop)."""
+    if not cluster.distributed:
+        return stop
+    return all_gather(cluster, b"1" if stop else b"0")[0] == b"1"
+
+
+def average(cluster: Cluster, values: dict) -> dict:
+    """`values` (floats) averaged over the processes: PyTorch's metrics are each process's own
+    (Keras' JAX metrics are already global)."""
+    if not cluster.distributed or cluster.backend != "torch" or not values:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    keys = sorted(values)
+    local = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                         device="cuda" if torch_cuda() else "cpu")
+    dist.all_reduce(local)
+    return {k: float(v) / cluster.num_processes for k, v in zip(keys, local.cpu().tolist())}
