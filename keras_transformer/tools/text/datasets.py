@@ -74,6 +74,8 @@ def make_dataset(
             `[shard_index * b, (shard_index + 1) * b)` of a batch of `num_shards * b`
             rows, the order in which `keras.distribution` assembles a global batch.
             Defaults to `0`.
+        devices_per_shard: The devices each process splits its slice over (its rows
+            are a multiple of it). Defaults to `1`.
     """
     if not pairs:
         raise ValueError("Cannot make a dataset from an empty list of pairs. Received: 0 pairs")
@@ -87,12 +89,32 @@ def make_dataset(
             f"`batch_tokens` must be at least `max_length` so that a longest pair fits "
             f"in a batch. Received: batch_tokens={batch_tokens}, max_length={max_length}"
         )
+    ds = _examples(pairs, tokenizer, max_length, shuffle, seed)
+    if repeat:
+        # After the filter: a corpus where no pair fits gives no batch instead of an
+        # endless search for one.
+        ds = ds.repeat()
+    ds = _bucketed(ds, lengths, [max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
+                   tokenizer.pad_id, drop_remainder)
+    if multiple > 1:
+        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, tokenizer.pad_id))
+    if not repeat:
+        # Bucketing hides the number of batches; count them once so that Keras knows
+        # the length (progress bars, and no "ran out of data" warning at the end).
+        batches = int(ds.reduce(0, lambda count, _: count + 1))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _examples(pairs, tokenizer, max_length: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """`(source, decoder input, labels)` id vectors of the pairs that fit in `max_length`:
+    the decoder input starts with `[START]`, the labels end with `[END]`."""
     sources = tf.constant([s for s, _ in pairs], tf.string)
     targets = tf.constant([t for _, t in pairs], tf.string)
     ds = tf.data.Dataset.from_tensor_slices((sources, targets))
     if shuffle:
         ds = ds.shuffle(len(pairs), seed=seed, reshuffle_each_iteration=True)
-    start_id, end_id, pad_id = tokenizer.start_id, tokenizer.end_id, tokenizer.pad_id
+    start_id, end_id = tokenizer.start_id, tokenizer.end_id
 
     def tokenize(src, tgt):
         return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
@@ -100,29 +122,28 @@ def make_dataset(
     def to_example(src, tgt):
         src = tf.cast(src, tf.int32)
         tgt = tf.cast(tgt, tf.int32)
-        decoder_input = tf.concat([[start_id], tgt], axis=0)
-        labels = tf.concat([tgt, [end_id]], axis=0)
-        return src, decoder_input, labels
+        return src, tf.concat([[start_id], tgt], axis=0), tf.concat([tgt, [end_id]], axis=0)
 
     def short_enough(src, decoder_input, labels):
         return tf.logical_and(tf.size(src) <= max_length, tf.size(labels) <= max_length)
 
-    ds = (
+    return (
         ds.batch(512)
         .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
         .unbatch()
         .map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
         .filter(short_enough)
     )
-    if repeat:
-        # After the filter: a corpus where no pair fits gives no batch instead of an
-        # endless search for one.
-        ds = ds.repeat()
+
+
+def _bucketed(ds, lengths: list[int], batch_sizes: list[int], pad_id: int, drop_remainder: bool) -> tf.data.Dataset:
+    """Examples batched by length bucket (`batch_sizes[i]` pairs in bucket `lengths[i]`),
+    as `({"source_ids", "target_ids"}, labels)` with each side padded to a bucket length."""
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
         # A pair of length n goes to the first bucket whose padded length is >= n.
         bucket_boundaries=[n + 1 for n in lengths[:-1]],
-        bucket_batch_sizes=[max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
+        bucket_batch_sizes=batch_sizes,
         padded_shapes=([None], [None], [None]),
         padding_values=(pad_id, pad_id, pad_id),
         pad_to_bucket_boundary=False,
@@ -142,15 +163,7 @@ def make_dataset(
         return ({"source_ids": pad(src, tf.shape(src)[1]), "target_ids": pad(decoder_input, target_length)},
                 pad(labels, target_length))
 
-    ds = ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
-    if multiple > 1:
-        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, pad_id))
-    if not repeat:
-        # Bucketing hides the number of batches; count them once so that Keras knows
-        # the length (progress bars, and no "ran out of data" warning at the end).
-        batches = int(ds.reduce(0, lambda count, _: count + 1))
-        ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _shard(inputs, labels, num_shards: int, shard_index: int, devices_per_shard: int, pad_id: int):
