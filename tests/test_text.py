@@ -73,10 +73,10 @@ def test_sentencepiece_round_trip_is_lossless_wordpiece_is_not(kind):
 def test_learning_leaves_no_temporary_files(tmp_path, monkeypatch):
     import tempfile
 
-    from keras_transformer.tools.text import tokenizer as tokenizer_module
+    from keras_transformer.tools.text import vocabulary
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    tokenizer_module._nfc_rules.cache_clear()  # whatever it caches is made again, here
+    vocabulary.nfc_rules.cache_clear()  # whatever it caches is made again, here
     Tokenizer.build(REAL * 3, vocab_size=200)
     assert list(tmp_path.iterdir()) == []
 

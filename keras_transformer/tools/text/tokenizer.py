@@ -16,13 +16,10 @@ every Keras backend) and inside an exported SavedModel.
 
 from __future__ import annotations
 
-import functools
-import io
 import json
 import os
 import pathlib
 import re
-import tempfile
 import unicodedata
 from typing import Iterable, Sequence
 
@@ -124,6 +121,8 @@ class Tokenizer(tf.Module):
             start_id: Id of `[START]`. Defaults to `2`.
             end_id: Id of `[END]`. Defaults to `3`.
         """
+        from keras_transformer.tools.text import vocabulary
+
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
         minimum = len(RESERVED_TOKENS) + 1
@@ -141,12 +140,12 @@ class Tokenizer(tf.Module):
         if kind == "sentencepiece":
             if byte_fallback is None:
                 byte_fallback = vocab_size >= BYTE_FALLBACK_MIN_VOCAB
-            model = _learn_sentencepiece(texts, vocab_size, ids, byte_fallback)
+            model = vocabulary.learn_sentencepiece(texts, vocab_size, ids, byte_fallback)
             return SentencePieceTokenizer(model, lower_case=lower_case)
         if learner == "tokenizers":
-            vocab = _learn_with_tokenizers(texts, vocab_size, min_frequency)
+            vocab = vocabulary.learn_with_tokenizers(texts, vocab_size, min_frequency)
         elif learner == "tensorflow-text":
-            vocab = _learn_with_tensorflow_text(texts, vocab_size)
+            vocab = vocabulary.learn_with_tensorflow_text(texts, vocab_size)
         else:
             raise ValueError(
                 f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}"
@@ -378,88 +377,3 @@ def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
     for token_id, token in sorted(zip(ids, RESERVED_TOKENS)):
         pieces.insert(token_id, token)
     return pieces
-
-
-@functools.lru_cache(maxsize=1)
-def _nfc_rules() -> str:
-    """A SentencePiece normalization rule table that composes to NFC (and changes
-    nothing else): one line `decomposed code points<TAB>composed code point` per
-    character whose NFD differs from it."""
-    lines = []
-    for code in range(0x110000):
-        char = chr(code)
-        decomposed = unicodedata.normalize("NFD", char)
-        if decomposed != char and unicodedata.normalize("NFC", decomposed) == char:
-            lines.append(" ".join(f"{ord(c):04X}" for c in decomposed) + f"\t{code:04X}")
-    return "\n".join(lines) + "\n"
-
-
-def _learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
-    import sentencepiece as spm
-
-    pad_id, unk_id, start_id, end_id = ids
-    model = io.BytesIO()
-    # The trainer reads normalization rules from a file only; the file lives as long as the training.
-    with tempfile.TemporaryDirectory(prefix="keras_transformer_") as tmp:
-        rules = pathlib.Path(tmp) / "nfc.tsv"
-        rules.write_text(_nfc_rules(), encoding="utf-8")
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(texts),
-                model_writer=model,
-                model_type="unigram",
-                vocab_size=vocab_size,
-                # A smaller corpus gives a smaller vocabulary instead of an error.
-                hard_vocab_limit=False,
-                # Every character of the training text gets a piece (the default drops the
-                # rarest 0.05%, which then come back as [UNK] or bytes).
-                character_coverage=1.0,
-                byte_fallback=byte_fallback,
-                # NFC only: SentencePiece's default NFKC would rewrite full-width CJK
-                # punctuation, ligatures and fractions, which a round trip must keep.
-                normalization_rule_tsv=str(rules),
-                pad_id=pad_id, unk_id=unk_id, bos_id=start_id, eos_id=end_id,
-                pad_piece=PAD, unk_piece=UNK, bos_piece=START, eos_piece=END,
-                input_sentence_size=2_000_000,
-                shuffle_input_sentence=True,
-                num_threads=os.cpu_count() or 1,
-                minloglevel=2,
-            )
-        except RuntimeError as e:
-            raise ValueError(
-                f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: {e}. "
-                "A vocabulary must hold every character of the text; raise the vocabulary size."
-            ) from None
-    return model.getvalue()
-
-
-def _learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int) -> list[str]:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, normalizers, pre_tokenizers, trainers
-
-    learner = HFTokenizer(models.WordPiece(unk_token=UNK))
-    learner.normalizer = normalizers.NFC()
-    # The same split as TensorFlow Text's BertTokenizer: whitespace, punctuation, CJK.
-    learner.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(RESERVED_TOKENS),
-        continuing_subword_prefix="##",
-        show_progress=False,
-    )
-    learner.train_from_iterator(texts, trainer)
-    return [token for token, _ in sorted(learner.get_vocab().items(), key=lambda kv: kv[1])]
-
-
-def _learn_with_tensorflow_text(texts: list[str], vocab_size: int) -> list[str]:
-    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bvd
-
-    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string)).batch(1024)
-    return bvd.bert_vocab_from_dataset(
-        dataset,
-        vocab_size=vocab_size,
-        reserved_tokens=list(RESERVED_TOKENS),
-        bert_tokenizer_params=dict(lower_case=False, normalization_form="NFC"),
-        learn_params={},
-    )
