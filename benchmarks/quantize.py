@@ -44,7 +44,7 @@ def main(argv=None) -> dict:
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.export import export_translator
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools.run_setup import load_corpus
 
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("Run with KERAS_BACKEND=tensorflow: the SavedModel is exported in this process.")

@@ -107,7 +107,8 @@ def main(argv=None) -> dict:
 
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.config import TrainConfig
-    from keras_transformer.tools.training import load_corpus, train
+    from keras_transformer.tools.run_setup import load_corpus
+    from keras_transformer.tools.training import train
 
     config = TrainConfig(
         corpus="tsv" if args.tsv else "files", tsv=args.tsv, source_file=args.source_file,

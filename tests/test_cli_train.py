@@ -263,11 +263,10 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
         calls.append(len(texts))
         return [TRANSLATIONS[t] if len(calls) >= 2 else "" for t in texts]
 
-    from keras_transformer.tools import training
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools import run_setup
     from keras_transformer.tools.config import TrainConfig
 
-    TRANSLATIONS = dict(load_corpus(TrainConfig(corpus="tsv", tsv=small_tsv, **SMALL_SETTINGS)).validation)
+    TRANSLATIONS = dict(run_setup.load_corpus(TrainConfig(corpus="tsv", tsv=small_tsv, **SMALL_SETTINGS)).validation)
     monkeypatch.setattr(evaluation, "translate_texts", translate_perfectly)
     args = ["--steps", "20", "--steps-per-epoch", "4", "--validate-translations", "6", "--stop-at-exact-match", "1.0"]
     assert _run(tmp_path, small, *args) == 0
@@ -298,7 +297,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
             (tmp_path / "metrics.json").unlink()
         else:
             (tmp_path / "metrics.json").write_bytes(junk)
-        assert training._finished_metrics(config, tmp_path) is None, junk
+        assert run_setup.finished_metrics(config, tmp_path) is None, junk
     # A resumption state that is not one is one error line; nothing is lost or written.
     (tmp_path / "state" / "state.npz").write_bytes(b"PK\x03\x04 cut short")
     before = _snapshot(tmp_path)
@@ -310,7 +309,7 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
 
 def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):
     from keras_transformer.tools.config import TrainConfig
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools.run_setup import load_corpus
 
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"source {i}\ttarget {i}\n" for i in range(300)))
@@ -337,7 +336,7 @@ def test_best_checkpoints_early_stopping_and_averaging_the_best(tmp_path, monkey
         return [" ".join(REFERENCES[t].split()[: round(len(REFERENCES[t].split()) * quality)]) for t in texts]
 
     from keras_transformer.tools.config import TrainConfig
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools.run_setup import load_corpus
 
     REFERENCES = dict(load_corpus(TrainConfig(corpus="tsv", tsv=tsv, holdout=20)).validation)
     monkeypatch.setattr(evaluation, "translate_texts", translate_by_epoch)

@@ -47,7 +47,7 @@ def _serve(directory, sentences, extra=10, beam=1):
 
 def _held_out(run):
     from keras_transformer.tools.config import TrainConfig
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools.run_setup import load_corpus
 
     config = TrainConfig(**json.loads((run / "config.json").read_text()))  # as `evaluate` reads it
     return [source for source, _ in load_corpus(config).test]

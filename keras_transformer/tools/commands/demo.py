@@ -40,7 +40,8 @@ def run(args) -> int:
     import keras
 
     from keras_transformer.tools import evaluation, export, files
-    from keras_transformer.tools.training import load_corpus, train
+    from keras_transformer.tools.run_setup import load_corpus
+    from keras_transformer.tools.training import train
 
     start = time.time()
     out = pathlib.Path(args.output_dir)

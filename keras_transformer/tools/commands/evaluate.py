@@ -46,7 +46,7 @@ def run(args) -> int:
 
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.text import corpora
-    from keras_transformer.tools.training import load_corpus
+    from keras_transformer.tools.run_setup import load_corpus
 
     out = args.hypotheses
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)

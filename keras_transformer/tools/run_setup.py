@@ -1,0 +1,200 @@
+"""What a run needs before it trains: its corpus, the checks of its output directory,
+its vocabulary (learned or read back) and what the input pipeline keeps of the text.
+
+`train` calls these on the chief; the command line calls `check_output_dir` and
+`check_mixed_precision` while it checks its flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+
+import keras
+
+from keras_transformer.tools import checkpoints, files
+from keras_transformer.tools.config import RunError, TrainConfig
+
+__all__ = ["check_mixed_precision", "check_output_dir", "data_statistics", "load_corpus", "prepare"]
+
+
+def load_corpus(config: TrainConfig):
+    from keras_transformer.tools.text import corpora
+
+    from keras_transformer.tools.config import CORPORA
+
+    try:
+        corpus = CORPORA[config.corpus].load(config)
+    except corpora.CorpusError as e:
+        raise RunError(str(e)) from None
+    return corpus.reversed() if config.reverse else corpus
+
+
+# The names `train` writes in its output directory (and their temporary names): it
+# touches nothing else there.
+RUN_FILES = (
+    "config.json", "tokenizer", "data.json", "state", "checkpoints", "best", "model.keras", "log.csv",
+    "tensorboard", "curves.png", "metrics.json", "train.lock",
+)
+# Fewest training pairs a run accepts after filtering.
+MIN_TRAIN_PAIRS = 100
+# Share of [UNK] in the tokenized training text above which the vocabulary is reported.
+UNK_WARNING = 0.02
+
+
+def _own_names() -> set[str]:
+    names = set(RUN_FILES)
+    names |= {files.temporary_path(n).name for n in RUN_FILES} | {n + ".old" for n in RUN_FILES}
+    return names
+
+
+def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
+    """Refuse an output path that is a file, a directory that holds something other than
+    a run, or a run with a different config; return whether a run is there to resume."""
+    if directory.exists() and not directory.is_dir():
+        raise RunError(f"--output-dir {directory} is a file, not a directory.")
+    config_file = directory / "config.json"
+    if not config_file.exists():
+        foreign = sorted(set(os.listdir(directory)) - _own_names()) if directory.is_dir() else []
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise RunError(
+                f"--output-dir {directory} is not empty and holds no run ({shown}); "
+                "choose a new or empty directory."
+            )
+        return False
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{config_file} is not a run config ({e}); choose another --output-dir.") from None
+    current = dataclasses.asdict(config)
+    # A setting added after the run was written has its default there.
+    saved = {**dataclasses.asdict(TrainConfig()), **saved}
+    differences = [
+        f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key) != current.get(key)
+    ]
+    if differences:
+        raise RunError(
+            f"{directory} holds a run with a different config ({'; '.join(differences)}). "
+            "Use another --output-dir, or the same flags to resume that run."
+        )
+    return True
+
+
+def check_mixed_precision(precision: str | None) -> None:
+    """Refuse a mixed precision the running backend cannot compute, naming the reason."""
+    if precision == "float16" and keras.backend.backend() == "jax":
+        import jax
+
+        if jax.default_backend() == "cpu":
+            # XLA's CPU dot_general has no float16 x float16 -> float32 kernel, which Keras'
+            # JAX matmul asks for ("The precision 'F16_F16_F32' is not supported").
+            raise RunError(
+                "--mixed-precision float16 cannot run on JAX on a CPU (XLA has no float16 matrix product "
+                "with float32 accumulation there); use --mixed-precision bfloat16, or a GPU."
+            )
+
+
+def load_tokenizer(directory):
+    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.load(directory)
+    except TokenizerError as e:
+        raise RunError(str(e)) from None
+
+
+def prepare(config, output_dir, corpus, resuming):
+    """The chief's share before training: `(tokenizer, data statistics)`, printed."""
+    from keras_transformer.tools.text.tokenizer import Tokenizer
+
+    print(corpus.summary(), flush=True)
+    tokenizer_dir = output_dir / "tokenizer"
+    if resuming and tokenizer_dir.is_dir():
+        tokenizer = load_tokenizer(tokenizer_dir)
+    else:
+        texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
+        try:
+            tokenizer = Tokenizer.build(
+                texts, config.vocab_size, kind=config.tokenizer, lower_case=config.lower_case,
+                min_frequency=config.min_frequency,
+            )
+        except ValueError as e:  # e.g. a vocabulary too small for the corpus's characters
+            raise RunError(f"--vocab-size {config.vocab_size}: {e}") from None
+    print(f"vocabulary: {tokenizer.vocab_size} {tokenizer.kind} tokens (asked for at most {config.vocab_size})",
+          flush=True)
+    data = data_statistics(corpus, tokenizer, config.max_length)
+    print(data["summary"], flush=True)
+    return tokenizer, data
+
+
+def finished_metrics(config: TrainConfig, output_dir) -> dict | None:
+    """The test metrics of a run in `output_dir` that has nothing left to do, else None.
+
+    A run is finished when its saved state has done every epoch (or was stopped by a
+    callback) and `metrics.json` is there: it is written last, after `model.keras`, so a
+    run killed while finishing is not finished and resumes to write the rest.
+    """
+    output_dir = pathlib.Path(output_dir)
+    epochs = math.ceil(config.steps / config.steps_per_epoch)
+    try:
+        done, stopped = checkpoints.TrainingState.progress(output_dir / "state")
+    except ValueError:
+        return None  # a state file that is not one: resuming reports it
+    if (done < epochs and not stopped) or not (output_dir / "model.keras").is_file():
+        return None
+    try:
+        metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, not UTF-8 or not JSON: the run writes it again
+        return None
+    return metrics if isinstance(metrics, dict) and isinstance(metrics.get("steps"), int) else None
+
+
+def data_statistics(corpus, tokenizer, max_length: int) -> dict:
+    """What the input pipeline will keep and drop, and how much of the text is `[UNK]`.
+
+    Raises `RunError` when fewer than `MIN_TRAIN_PAIRS` training pairs fit `max_length`.
+    """
+    import numpy as np
+
+    counts = {"empty_skipped": corpus.skipped_empty, "duplicates_dropped": corpus.duplicates_dropped,
+              "split": corpus.description}
+    for split in ("train", "validation", "test"):
+        pairs = getattr(corpus, split)
+        if not pairs:
+            counts[f"{split}_pairs"] = counts[f"{split}_too_long"] = 0
+            continue
+        source = tokenizer.tokenize_dense([s for s, _ in pairs]).numpy()
+        target = tokenizer.tokenize_dense([t for _, t in pairs]).numpy()
+        source_length = (source != tokenizer.pad_id).sum(1)
+        target_length = (target != tokenizer.pad_id).sum(1)
+        # The pipeline's rule: source <= max_length, target + [END] <= max_length.
+        too_long = int(np.sum((source_length > max_length) | (target_length + 1 > max_length)))
+        counts[f"{split}_pairs"] = len(pairs) - too_long
+        counts[f"{split}_too_long"] = too_long
+        if split == "train":
+            tokens = int(source_length.sum() + target_length.sum())
+            unknown = int((source == tokenizer.unk_id).sum() + (target == tokenizer.unk_id).sum())
+            counts["train_unk_rate"] = round(unknown / max(tokens, 1), 5)
+    kept, dropped = counts["train_pairs"], counts["train_too_long"]
+    summary = (
+        f"training pairs: {kept} kept, {dropped} longer than --max-length {max_length} dropped, "
+        f"{corpus.skipped_empty} empty skipped; [UNK] is {counts['train_unk_rate']:.2%} of the training tokens"
+    )
+    if counts["train_unk_rate"] > UNK_WARNING:
+        summary += (
+            f"\nwarning: {counts['train_unk_rate']:.1%} of the training tokens are [UNK]; a larger "
+            "--vocab-size or a smaller --min-frequency covers more of the text"
+        )
+    if kept < MIN_TRAIN_PAIRS:
+        raise RunError(
+            f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "
+            f"{corpus.skipped_empty} empty skipped); at least {MIN_TRAIN_PAIRS} are needed. "
+            "Raise --max-length or give a larger corpus."
+        )
+    return {**counts, "summary": summary}
