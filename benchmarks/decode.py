@@ -28,7 +28,8 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
+
+from timing import first_then_repeats
 
 HERE = pathlib.Path(__file__).parent
 
@@ -64,17 +65,11 @@ def measure(args) -> dict:
             beam_size = 1 if search == "greedy" else args.beam_size
 
             def run():
-                return searcher.translate(source, beam_size, max_length=n, min_length=n, use_cache=use_cache,
-                                          compile=compile)
-            t = time.perf_counter()
-            out = keras.ops.convert_to_numpy(run())  # warm-up: compiles
-            compile_seconds = time.perf_counter() - t
+                return keras.ops.convert_to_numpy(searcher.translate(
+                    source, beam_size, max_length=n, min_length=n, use_cache=use_cache, compile=compile))
+            # The first run compiles.
+            out, compile_seconds, times = first_then_repeats(run, 1 if variant == "eager" else args.repeats)
             assert out.shape == (args.batch, n)
-            times = []
-            for _ in range(1 if variant == "eager" else args.repeats):
-                t = time.perf_counter()
-                keras.ops.convert_to_numpy(run())
-                times.append(time.perf_counter() - t)
             median = statistics.median(times)
             results[f"{search}_{variant}"] = {
                 "median_seconds": round(median, 4),
@@ -109,15 +104,8 @@ def measure_ctranslate2(args, model, source) -> dict:
             def run():
                 return translator.translate_batch(pieces, beam_size=beam_size, min_decoding_length=n,
                                                   max_decoding_length=n, length_penalty=1.0)
-            t = time.perf_counter()
-            out = run()
-            first = time.perf_counter() - t
+            out, first, times = first_then_repeats(run, args.repeats)
             assert all(len(r.hypotheses[0]) == n for r in out), [len(r.hypotheses[0]) for r in out]
-            times = []
-            for _ in range(args.repeats):
-                t = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - t)
             median = statistics.median(times)
             results[f"{search}_{compute_type}"] = {
                 "median_seconds": round(median, 4), "tokens_per_second": round(args.batch * n / median, 1),

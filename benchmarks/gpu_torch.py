@@ -19,7 +19,8 @@ import json
 import os
 import pathlib
 import statistics
-import time
+
+from timing import first_then_repeats
 
 HERE = pathlib.Path(__file__).parent
 
@@ -65,14 +66,7 @@ def decoding(device: str, preset: str) -> dict:
                 def run():
                     return keras.ops.convert_to_numpy(model.translate(source, beam, max_length=n, min_length=n,
                                                                       compile=mode))
-                t = time.perf_counter()
-                outputs[str(mode)] = run()
-                first = time.perf_counter() - t
-                times = []
-                for _ in range(3):
-                    t = time.perf_counter()
-                    run()
-                    times.append(time.perf_counter() - t)
+                outputs[str(mode)], first, times = first_then_repeats(run, 3)
                 results[f"beam{beam}_{mode}"] = {"tokens_per_second": round(16 * n / statistics.median(times), 1),
                                                  "first_run_seconds": round(first, 2)}
             results[f"beam{beam}_same_tokens"] = all(np.array_equal(o, outputs["False"]) for o in outputs.values())

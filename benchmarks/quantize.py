@@ -21,6 +21,8 @@ import statistics
 import tempfile
 import time
 
+from timing import first_then_repeats
+
 HERE = pathlib.Path(__file__).parent
 
 
@@ -70,14 +72,7 @@ def main(argv=None) -> dict:
                     lines += [x.decode("utf-8") for x in translate(texts=batch)["translation"].numpy()]
                 return lines
 
-            t = time.perf_counter()
-            outputs[name] = run_all()
-            first = time.perf_counter() - t
-            times = []
-            for _ in range(args.repeats):
-                t = time.perf_counter()
-                run_all()
-                times.append(time.perf_counter() - t)
+            outputs[name], first, times = first_then_repeats(run_all, args.repeats)
             median = statistics.median(times)
             report["savedmodel"][name] = {
                 "bytes": directory_bytes(path), "variables_bytes": directory_bytes(path / "variables"),
