@@ -25,6 +25,10 @@ VALIDATION_BEAM_SIZE = 1
 DECODE_BATCH_TOKENS = 65536
 DECODE_MAX_BATCH = 256
 
+# What `--quantize` and `evaluation.quantize_model` accept: the Keras `model.quantize`
+# modes measured with this model (docs/guides/export.md).
+QUANTIZE_MODES = ("int8",)
+
 # Model sizes.
 PRESETS = {
     # Table 3 of the paper, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.

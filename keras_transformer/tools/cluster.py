@@ -148,11 +148,24 @@ def _check_address(address: str | None, name: str, listen: bool) -> None:
                                    "Choose a free port.") from None
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (for a launch on this machine)."""
+def free_port(count: int = 1) -> int:
+    """A TCP port nothing listens on now (for a launch on this machine); with `count`, the
+    first of that many consecutive free ports (TensorFlow's workers each listen on one)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            first = s.getsockname()[1]
+        if all(_is_free(first + i) for i in range(1, count)):
+            return first
+
+
+def _is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("localhost", port))
+        except OSError:
+            return False
+    return True
 
 
 def launch_environment(backend: str, num_processes: int, process_id: int, port: int) -> dict:

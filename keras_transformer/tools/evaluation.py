@@ -9,13 +9,9 @@ import keras
 import numpy as np
 
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
-                                        MAX_EXTRA_LENGTH)
+                                        MAX_EXTRA_LENGTH, QUANTIZE_MODES)
 from keras_transformer.tools import files
 from keras_transformer.tools.files import RunDirError
-
-
-# What `quantize_model` accepts: Keras' `model.quantize` modes this model is measured with.
-QUANTIZE_MODES = ("int8",)
 
 
 def load_run(run_dir, model: str = "final", quantize: str | None = None):

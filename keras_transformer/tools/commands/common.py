@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY
+from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, QUANTIZE_MODES
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -32,7 +32,7 @@ def run_dir_flag(p) -> None:
 
 
 def quantize_flag(p, what: str) -> None:
-    p.add_argument("--quantize", choices=("int8",),
+    p.add_argument("--quantize", choices=QUANTIZE_MODES,
                    help=f"Quantize the model's Dense layers to int8 with Keras' model.quantize before {what} "
                         "(the embedding and layer norms stay float); see docs/guides/export.md for what it costs "
                         "in BLEU and gains in size and speed on each backend.")

@@ -52,7 +52,7 @@ def check(args) -> None:
 
 
 def run(args) -> int:
-    port = args.port or _free_ports(args.processes if args.backend == "tensorflow" else 1)
+    port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
     children = []
     for index in range(args.processes):
         env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
@@ -61,25 +61,6 @@ def run(args) -> int:
         return _wait(children)
     except KeyboardInterrupt:  # a Ctrl-C reaches every child (one process group): wait for them
         return _wait(children) or 130
-
-
-def _free_ports(count: int) -> int:
-    """The first of `count` consecutive free ports (TensorFlow's workers each listen on one)."""
-    while True:
-        first = free_port()
-        if all(_is_free(first + i) for i in range(1, count)):
-            return first
-
-
-def _is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("localhost", port))
-        except OSError:
-            return False
-    return True
 
 
 def _wait(children) -> int:
