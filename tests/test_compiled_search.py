@@ -150,10 +150,51 @@ def test_exported_programs_take_the_weights_as_arguments():
     (search,) = model._searches.values()
     programs = search.compiled.programs.values()
     assert len(programs) == 2  # the encoder call and one loop iteration
-    weights = {id(v.value) for v in model.variables}
+    weights = [to_numpy(v.value) for v in model.variables]
+    pointers = {v.value.untyped_storage().data_ptr() for v in model.variables}
     for program in programs:
-        assert not any(id(own) in weights for own in program.own if own is not None)
-        assert all(own.numel() <= 1 for own in program.own if own is not None)  # scalars Keras made
+        # Its own tensors: the scalars Keras made and what `_fold_constants` computed from
+        # them (position tables, masks' ranges), none of them a weight or a weight's copy.
+        own = [to_numpy(b) for b in program.graph.buffers()]
+        assert own and not any(b.untyped_storage().data_ptr() in pointers for b in program.graph.buffers())
+        assert not any(b.shape == w.shape and np.array_equal(b, w) for b in own for w in weights)
+        # What depends on no input was computed once, not on every call.
+        computed = [node for node in program.graph.graph.nodes if node.op == "call_function"]
+        assert all(any(x.op != "get_attr" for x in node.all_input_nodes) for node in computed)
+
+
+@torch_only
+def test_a_loop_writes_its_cache_in_place_but_never_into_the_callers_tensors():
+    # The cache write of an exported iteration (`index_copy`, a copy of the whole cache
+    # for one position) writes into the loop's own tensor: the speed of the search.
+    from keras_transformer import _compat
+    from keras_transformer.backend.torch_decoding import ExportedSearch
+
+    def search(buffer, call=None, while_loop=None):
+        loop = while_loop or keras.ops.while_loop
+
+        def body(i, a, b, total):
+            written = _compat.update_along(a, i, keras.ops.ones((2, 1)) * keras.ops.cast(i + 1, "float32"), axis=1)
+            total = total + keras.ops.sum(b)  # reads `b` after `a` was written
+            return i + 1, written, written, total  # one tensor as two loop variables
+
+        return loop(lambda i, a, b, total: i < 5, body, (0, buffer, keras.ops.zeros((2, 5)), keras.ops.zeros(())))
+
+    buffer = keras.ops.zeros((2, 5))
+    exported = ExportedSearch(search, [])
+    got = exported(buffer)
+    expected = search(buffer)
+    for x, y in zip(got, expected):
+        np.testing.assert_array_equal(to_numpy(x), to_numpy(y))  # `total` differs if `b` was written as `a`
+    np.testing.assert_array_equal(to_numpy(buffer), np.zeros((2, 5)))  # the caller's tensor is untouched
+    (program,) = exported.programs.values()
+    assert program.written == [1]  # `a` is written in place, `b` (read by nothing) is not
+    # The model's own search: every decoder layer's self-attention cache is written in place.
+    model = _model(6)
+    model.translate(SOURCE, 2, max_length=5)
+    (model_search,) = model._searches.values()
+    loops = [p for p in model_search.compiled.programs.values() if p.written]
+    assert len(loops) == 1 and len(loops[0].written) == 2
 
 
 def _bucketed_batches():

@@ -22,10 +22,18 @@ maps the variables to them while exporting), so it holds no state: weights chang
 after export (training, `load_weights`) are used, and any number of threads can run one
 program at once. Programs are kept per function and per shapes and dtypes of the
 arguments, in the `ExportedSearch` of one model and one setting. The exported graphs run
-as `torch.fx.GraphModule`s, called directly with flat tensors, after one clean-up with
-public `torch.fx` operations (`_drop_no_ops`): the `.to()` calls Keras makes on tensors
-that already have the dtype, and the metadata assertions non-strict export adds for each
-(about 700 of a tiny step's 870 nodes, each a Python call per step).
+as `torch.fx.GraphModule`s, called directly with flat tensors, after a clean-up with
+public `torch.fx` operations (each a Python call saved per op and step, or a copy):
+
+* `_drop_no_ops`: the `.to()` calls Keras makes on tensors that already have the dtype
+  and the metadata assertions non-strict export adds for each (about 700 of a tiny
+  step's 870 nodes), and the `contiguous()` copies of the cache Keras' attention makes
+  for PyTorch's attention, which reads any strides;
+* `_fold_constants`: what depends on no input (the step's position table, the masks'
+  ranges, the constants export copies on every call) computed once;
+* `_write_in_place`: a loop's cache write (`index_copy`, which copies the whole cache
+  to change one position) made in place into the loop's own tensors, never into a
+  tensor the caller still holds or one another loop variable shares.
 
 When exporting fails (a layer that branches on a tensor's value, an op export does not
 know), `keras_transformer.backend.compile` runs the search eagerly, with one warning
@@ -86,7 +94,7 @@ class ExportedSearch:
         with torch.no_grad():
             return self.search(source_ids, call=run.call, while_loop=run.while_loop)
 
-    def program(self, kind, fn, args):
+    def program(self, kind, fn, args, loop: bool = False):
         """The exported program of `fn` for arguments of these shapes, made once.
 
         `kind` names the function: its code objects, so that two functions of one name
@@ -94,16 +102,18 @@ class ExportedSearch:
         call does. Values a function captures are part of the search's settings, which
         an `ExportedSearch` is made for."""
         key = (kind, _signature(args))
-        return self.programs.get(key, lambda: self._export(fn, args))
+        return self.programs.get(key, lambda: self._export(fn, args, loop))
 
-    def _export(self, fn, args):
+    def _export(self, fn, args, loop=False):
         import torch
 
         # Distinct copies: export follows tensors by identity, and one tensor passed as two
         # arguments (a beam search's first finished and live hypotheses) would become one
         # input of the program.
         leaves = [x.clone() if isinstance(x, torch.Tensor) else x for x in keras.tree.flatten(args)]
-        program = _Program(fn, self.variables, args, leaves)
+        # A loop's iteration writes its new keys and values into the cache it is given
+        # (the loop owns it), unless Inductor compiles the graph: it has its own pass.
+        program = _Program(fn, self.variables, args, leaves, in_place=loop and not self.torch_compile)
         if self.torch_compile:
             on_gpu = any(x.device.type == "cuda" for x in leaves if isinstance(x, torch.Tensor))
             program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True,
@@ -115,14 +125,21 @@ class _Program:
     """`fn` exported for arguments shaped like `args`: called with the variables' values
     and arguments of that structure, it returns what `fn` would, as new tensors.
 
-    The exported graph is called directly, with flat tensors: the program's constants
-    (from `ExportedProgram.constants` and `.state_dict`, by the graph signature) and
-    the values and argument leaves; `keras.tree` flattens the arguments and packs the
-    results. (`ExportedProgram.module()` would check the inputs' structure and shapes
-    again on every call: a third of a tiny model's step.)
+    The exported graph is called directly, with flat tensors (the values, then the
+    argument leaves); `keras.tree` flattens the arguments and packs the results.
+    (`ExportedProgram.module()` would check the inputs' structure and shapes again on
+    every call: a third of a tiny model's step.) Before it runs, the graph is cleaned
+    with public `torch.fx` operations: no-op conversions dropped (`_drop_no_ops`),
+    what depends only on constants computed once (`_fold_constants`) and, with
+    `in_place=True`, the cache writes made in place (`_write_in_place`).
+
+    Args:
+        in_place: The graph may write into the argument tensors it overwrites anyway
+            (a decoding loop's cache, `index_copy`): `__call__(..., owned=True)` then
+            says the caller gives those tensors up; otherwise they are copied first.
     """
 
-    def __init__(self, fn, variables, args, leaves):
+    def __init__(self, fn, variables, args, leaves, in_place: bool = False):
         import torch
 
         static = [x for x in leaves if not isinstance(x, torch.Tensor)]
@@ -148,24 +165,42 @@ class _Program:
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             program = torch.export.export(Flat(), (values, tensors), strict=False)
         self.output_structure = outputs[-1]
-        kinds = torch.export.graph_signature.InputKind
-        constants = {**program.state_dict, **program.constants}
-        # The graph's inputs in order: the program's own tensors, then ours (values, tensors).
-        self.own = [None if spec.kind == kinds.USER_INPUT else constants[spec.target]
-                    for spec in program.graph_signature.input_specs]
         if any(spec.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
                for spec in program.graph_signature.output_specs):
             raise ValueError("the function writes into its inputs")
         self.graph = program.graph_module
+        _own_constants_as_attributes(self.graph, program)
         _drop_no_ops(self.graph)
+        _fold_constants(self.graph)
+        self.values_count = len(values)
+        self.written = _write_in_place(self.graph, len(values)) if in_place else []
 
     def __call__(self, values, *args):
+        """`fn(*args)` with the variables' values `values`."""
         import torch
 
         tensors = [x for x in keras.tree.flatten(args) if isinstance(x, torch.Tensor)]
-        ours = iter([*values, *tensors])
-        flat = self.graph(*(next(ours) if own is None else own for own in self.own))
-        return keras.tree.pack_sequence_as(self.output_structure, list(flat))
+        return keras.tree.pack_sequence_as(self.output_structure, list(self.run(values, tensors)))
+
+    def run(self, values, tensors, owned: bool = False, held=frozenset()):
+        """The graph on flat tensors; returns its flat outputs. With `owned`, the caller
+        gives up `tensors` (the graph may write into them) but for those sharing memory
+        with another of them or with `held` (the storages of `values`)."""
+        if self.written:
+            tensors = list(tensors)
+            for i in self.written:
+                if not owned or _shares_memory(tensors[i], tensors[:i] + tensors[i + 1:], held):
+                    tensors[i] = tensors[i].clone()
+        return self.graph(*values, *tensors)
+
+
+def _storage(x) -> int:
+    return x.untyped_storage().data_ptr()
+
+
+def _shares_memory(x, others, held) -> bool:
+    mine = _storage(x)
+    return mine in held or any(_storage(other) == mine for other in others)
 
 
 class _Run:
@@ -192,17 +227,23 @@ class _Run:
             return new, cond(*new)
 
         kind = (body.__code__, cond.__code__)
-        signature = _signature(loop_vars)
-        program = self.search.program(kind, iteration, loop_vars)
-        loop_vars, keep_going = program(self.values, *loop_vars)
-        # A program's outputs have fixed shapes: if they are its inputs' (a search's
-        # loop), the same program runs every later iteration, with no lookup per token.
-        same_shapes = _signature(loop_vars) == signature
+        program = self.search.program(kind, iteration, loop_vars, loop=True)
+        held = {_storage(x) for x in self.values}
+        tensors = keras.tree.flatten(loop_vars)
+        flat = program.run(self.values, tensors, held=held)
+        new_vars, keep_going = keras.tree.pack_sequence_as(program.output_structure, list(flat))
+        if _signature(new_vars) != _signature(loop_vars):
+            # Outputs shaped unlike the inputs: each iteration finds its own program.
+            while bool(keep_going):
+                program = self.search.program(kind, iteration, new_vars)
+                new_vars, keep_going = program(self.values, *new_vars)
+            return new_vars
+        # A search's loop: the same program every iteration, fed its own flat outputs
+        # (the loop's own tensors, so its cache is written in place), no lookup per token.
         while bool(keep_going):
-            if not same_shapes:
-                program = self.search.program(kind, iteration, loop_vars)
-            loop_vars, keep_going = program(self.values, *loop_vars)
-        return loop_vars
+            flat = program.run(self.values, flat[:-1], owned=True, held=held)
+            keep_going = flat[-1]
+        return keras.tree.pack_sequence_as(loop_vars, list(flat[:-1]))
 
 
 def _drop_no_ops(graph) -> None:
@@ -222,13 +263,108 @@ def _drop_no_ops(graph) -> None:
             before.dtype == result.dtype and before.device == result.device
         ):
             node.replace_all_uses_with(source)
-    # Nodes without users go, but for the program's inputs and outputs and the ops that
-    # write into a tensor: the assertions count as side effects to FX and have no users.
+    # Keras' attention makes its transposed keys and values contiguous: a copy of the
+    # whole cache per layer and step. PyTorch's attention reads any strides.
+    attention = torch.ops.aten.scaled_dot_product_attention.default
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default and all(
+            user.op == "call_function" and user.target is attention for user in node.users
+        ):
+            node.replace_all_uses_with(node.args[0])
+    _drop_unused(graph)
+
+
+def _own_constants_as_attributes(graph, program) -> None:
+    """Make the program's own tensors (the constants export lifted to inputs) attributes
+    of the graph, so that its inputs are the values and the arguments only."""
+    import torch
+
+    kinds = torch.export.graph_signature.InputKind
+    constants = {**program.state_dict, **program.constants}
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    first = next(node for node in graph.graph.nodes if node.op != "placeholder")
+    for node, spec in zip(placeholders, program.graph_signature.input_specs):
+        if spec.kind == kinds.USER_INPUT:
+            continue
+        name = f"constant_{len(list(graph.buffers()))}"
+        graph.register_buffer(name, constants[spec.target])
+        with graph.graph.inserting_before(first):
+            node.replace_all_uses_with(graph.graph.get_attr(name))
+        graph.graph.erase_node(node)
+    graph.recompile()
+
+
+def _fold_constants(graph, max_elements: int = 1 << 20) -> None:
+    """Compute once what depends on no input: a step's position table, its masks'
+    `arange`s, the constants export copies on every call (`lift_fresh_copy`). Each
+    result (a tensor of at most `max_elements`) becomes an attribute of the graph."""
+    import torch
+
+    known = {node: getattr(graph, node.target) for node in graph.graph.nodes if node.op == "get_attr"}
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not _is_aten_op(node.target):
+            continue
+        if node.is_impure() or torch.Tag.nondeterministic_seeded in node.target.tags:
+            continue
+        inputs = node.all_input_nodes
+        if not all(x in known for x in inputs):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda x: known[x])
+        value = node.target(*args, **kwargs)
+        if isinstance(value, torch.Tensor) and value.numel() <= max_elements:
+            known[node] = value
+    for node, value in known.items():
+        if node.op == "get_attr" or all(user in known for user in node.users):
+            continue
+        name = f"constant_{len(list(graph.buffers()))}"
+        graph.register_buffer(name, value)
+        with graph.graph.inserting_before(node):
+            node.replace_all_uses_with(graph.graph.get_attr(name))
+    _drop_unused(graph)
+
+
+def _write_in_place(graph, values_count: int) -> list[int]:
+    """Make `index_copy` (a cache write: a copy of the whole cache, to change one
+    position) write in place where nothing else reads the tensor it copies: an
+    intermediate result of an op that returns new memory, or an argument tensor.
+    Returns the positions, among the argument tensors, of those written into."""
+    import torch
+
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    written = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.index_copy.default:
+            continue
+        source = node.args[0]
+        if len(source.users) != 1:
+            continue
+        if source.op == "placeholder":
+            position = placeholders.index(source) - values_count
+            if position < 0:  # a weight
+                continue
+            written.append(position)
+        elif not (source.op == "call_function" and _is_aten_op(source.target)
+                  and not source.target.is_view):
+            continue
+        node.target = torch.ops.aten.index_copy_.default
+    graph.recompile()
+    return written
+
+
+def _drop_unused(graph) -> None:
+    """Nodes without users go, but for the program's inputs and outputs and the ops that
+    write into a tensor: the assertions count as side effects to FX and have no users."""
     graph.graph.eliminate_dead_code(
         is_impure_node=lambda node: node.op in ("placeholder", "output")
         or (node.is_impure() and "assert" not in str(node.target))
     )
     graph.recompile()
+
+
+def _is_aten_op(target) -> bool:
+    """Whether an FX node's target is an ATen operator overload (what export records),
+    which says in its schema whether its result may alias an input (`is_view`)."""
+    return hasattr(target, "tags") and hasattr(target, "is_view")
 
 
 def _signature(args):
