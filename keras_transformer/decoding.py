@@ -132,7 +132,9 @@ def beam_search(
     Args:
         step: `step(token_ids, cache, index) -> (logits, cache)`, see the module.
         cache: The model's cache for `batch_size` rows; each row is repeated for its
-            `beam_size` hypotheses, and rows are reordered as hypotheses are chosen.
+            `beam_size` hypotheses, and rows are reordered as hypotheses are chosen,
+            but for tensors `step` returns as it got them (the same tensor, such as the
+            encoder's keys and values): their rows are equal within each input.
         batch_size: N, the inputs decoded together.
         max_length: Most output tokens L (an int, or a scalar tensor when traced).
         start_id: The `[START]` id.
@@ -176,10 +178,12 @@ def beam_search(
         flat = ops.take(ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:])), rows, axis=0)
         return ops.reshape(flat, (batch_size, m_new) + tuple(ops.shape(x)[2:]))
 
-    def reorder_cache(cache, beam_index):
-        # Row b * k + j of every cache tensor becomes row b * k + beam_index[b, j].
+    def reorder_cache(cache, beam_index, before):
+        # Row b * k + j of every cache tensor becomes row b * k + beam_index[b, j]. A
+        # tensor the step returned as it got it (`before`: the encoder's keys and
+        # values, the source mask) holds k equal rows per input, so it stays as it is.
         rows = ops.reshape(beam_index + ops.arange(batch_size)[:, None] * k, (-1,))
-        return keras.tree.map_structure(lambda x: ops.take(x, rows, axis=0), cache)
+        return keras.tree.map_structure(lambda x, old: x if x is old else ops.take(x, rows, axis=0), cache, before)
 
     def cond(i, sequences, alive_logp, cache, finished_seq, finished_score):
         # The best a live hypothesis can still score: its log-probability only falls,
@@ -189,8 +193,8 @@ def beam_search(
         can_improve = ops.any(best_alive > best_finished)
         return ops.logical_and(i < max_length, can_improve)
 
-    def body(i, sequences, alive_logp, cache, finished_seq, finished_score):
-        logits, cache = step(ops.reshape(sequences, (batch_size * k, -1)), cache, i)
+    def body(i, sequences, alive_logp, before, finished_seq, finished_score):
+        logits, cache = step(ops.reshape(sequences, (batch_size * k, -1)), before, i)
         log_probs = ops.log_softmax(banned(logits, i), axis=-1)
         log_probs = ops.reshape(log_probs, (batch_size, k, -1))  # (N, k, V)
         vocab_size = ops.shape(log_probs)[-1]
@@ -216,7 +220,7 @@ def beam_search(
         # Alive: the best k candidates that did not end.
         alive_logp, keep = ops.top_k(ops.where(ended, _NEG_INF, top_logp), k)
         sequences = gather_beams(candidate_seq, keep)
-        cache = reorder_cache(cache, ops.take_along_axis(beam_index, keep, axis=1))
+        cache = reorder_cache(cache, ops.take_along_axis(beam_index, keep, axis=1), before)
         return i + 1, sequences, alive_logp, cache, finished_seq, finished_score
 
     loop_vars = (ops.convert_to_tensor(0, "int32"), sequences, alive_logp, cache, finished_seq, finished_score)

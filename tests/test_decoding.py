@@ -235,3 +235,26 @@ def test_beam_search_on_a_decoder_only_model_finds_the_exhaustive_best():
     best = candidates[int(exhaustive.argmax())]
     assert tuple(to_numpy(tokens, "int32")[0, : len(best)]) == best
     assert to_numpy(scores)[0] == pytest.approx(exhaustive.max(), abs=1e-4)
+
+
+def test_beam_search_reorders_only_the_cache_the_step_changes(monkeypatch):
+    # The encoder's keys and values (a tensor the step returns as it got it) hold equal
+    # rows for every hypothesis of an input: reordering them would copy them for nothing.
+    taken = []
+    take = keras.ops.take
+
+    def recording_take(x, indices, axis=None):
+        taken.append(tuple(x.shape))
+        return take(x, indices, axis=axis)
+
+    def step(tokens, cache, index):
+        logits = keras.ops.stack([keras.ops.sum(cache["source"], axis=1) * 0.1 * (t + 1) for t in range(V)], axis=1)
+        return logits, {**cache, "history": cache["history"] + keras.ops.cast(index, "float32")}
+
+    cache = {"source": keras.ops.convert_to_tensor(np.arange(6, dtype="float32").reshape(2, 3)),
+             "history": keras.ops.zeros((2, 5))}
+    monkeypatch.setattr(keras.ops, "take", recording_take)
+    decoding.beam_search(step, cache, 2, 4, start_id=decoding.START_ID, end_id=decoding.END_ID,
+                         pad_id=decoding.PAD_ID, beam_size=3, while_loop=decoding.eager_while_loop)
+    assert (6, 5) in taken  # the history, reordered each step
+    assert (6, 3) not in taken  # the source, never
