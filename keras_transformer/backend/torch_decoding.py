@@ -42,13 +42,14 @@ compile=False)` asks for the eager search directly.
 
 `translate(..., compile="torch.compile")` also compiles each exported program with
 `torch.compile` (Inductor). In one run of `benchmarks/decode.py` on the workload above:
-9,375 / 4,612 tokens/s (greedy / beam 4) against 4,150 / 2,027 for the exported programs
-alone and 768 / 789 eager (JAX: 24,864 / 8,370), but 16-20 s of Inductor compilation per
-program shape on 2 CPU cores, against 1-2 s to export. The exported programs are the
-default; on a GPU, `torch.compile`'s `reduce-overhead` mode (CUDA graphs) removes the
-per-step launch cost. (A `make_fx` record replayed as TorchScript, which this module
-replaces, measured 14,604 / 6,158 on the same workload; TorchScript is no longer
-developed, and that recorder shared state between threads.)
+16,942 / 7,917 tokens/s (greedy / beam 4) against 6,480 / 4,031 for the exported programs
+alone and 908 / 843 eager (JAX: 26,950 / 5,162; before the rewrites above, the exported
+programs made 4,150 / 2,027), but 16-20 s of Inductor compilation per program shape on 2
+CPU cores, against 1-2 s to export. The exported programs are the default; on a GPU,
+`torch.compile`'s `reduce-overhead` mode (CUDA graphs) removes the per-step launch cost.
+(A `make_fx` record replayed as TorchScript, which this module replaces, measured 14,604
+/ 6,158 on the same workload; TorchScript is no longer developed, and that recorder
+shared state between threads.)
 """
 
 from __future__ import annotations
