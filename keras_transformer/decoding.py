@@ -68,6 +68,7 @@ def greedy_search(
     pad_id: int,
     min_length: int = 0,
     while_loop=None,
+    return_complete: bool = False,
 ):
     """Pick the most probable next token at every step.
 
@@ -82,10 +83,13 @@ def greedy_search(
         min_length: No `[END]` before this many tokens. Defaults to `0`.
         while_loop: Runs the loop, with `keras.ops.while_loop`'s signature. Defaults
             to `keras.ops.while_loop`.
+        return_complete: Also return a boolean scalar, whether every row emitted
+            `[END]`: then a longer `max_length` would give the same tokens (and padding).
 
     Returns:
         Integer `(N, L)`: each row is the output tokens, `[END]` (if emitted in time)
-        and then padding. `[START]` is not included.
+        and then padding. `[START]` is not included. With `return_complete=True`,
+        `(tokens, complete)`.
     """
     tokens = ops.concatenate(
         [ops.full((batch_size, 1), start_id, "int32"), ops.full((batch_size, max_length), pad_id, "int32")], axis=1
@@ -105,8 +109,8 @@ def greedy_search(
         return i + 1, tokens, cache, finished
 
     loop = while_loop or ops.while_loop
-    _, tokens, _, _ = loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
-    return tokens[:, 1:]
+    _, tokens, _, finished = loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
+    return (tokens[:, 1:], ops.all(finished)) if return_complete else tokens[:, 1:]
 
 
 def beam_search(
@@ -123,11 +127,14 @@ def beam_search(
     min_length: int = 0,
     num_hypotheses: int = 1,
     while_loop=None,
+    bound_length=None,
+    return_complete: bool = False,
 ):
     """Beam search with the GNMT length penalty and early stopping.
 
     A hypothesis `Y` scores `log P(Y | X) / lp(|Y|)` with `lp(n) = ((5 + n) / 6)^alpha`.
-    The search stops once no live hypothesis can beat the best finished one.
+    The search stops once no live hypothesis can beat the best finished one: its
+    log-probability only falls, so it scores at most `log P / lp(bound_length)`.
 
     Args:
         step: `step(token_ids, cache, index) -> (logits, cache)`, see the module.
@@ -147,12 +154,22 @@ def beam_search(
             list), at most `beam_size`. Defaults to `1`.
         while_loop: Runs the loop, with `keras.ops.while_loop`'s signature. Defaults
             to `keras.ops.while_loop`.
+        bound_length: The longest output the stopping rule allows for. Defaults to
+            `max_length`. `Transformer.translate` searches first with a short
+            `max_length` (the cache and the token buffer, what every step reads and
+            reorders) and the full length here; only if that was not enough does it
+            search again with the full length.
+        return_complete: Also return a boolean scalar, whether the search stopped
+            because no live hypothesis could beat the finished ones within
+            `bound_length` tokens: then searching with `max_length=bound_length`
+            gives the same hypotheses (and more padding).
 
     Returns:
         `(tokens, scores)`: integer `(N, L)`, the best hypothesis per input (tokens,
         `[END]`, then padding), and its `(N,)` score. With `num_hypotheses=n > 1`,
         `(N, n, L)` and `(N, n)`, best first: the finished hypotheses by score, then
         (where fewer than n finished) the live ones, scored at their full length.
+        With `return_complete=True`, `(tokens, scores, complete)`.
     """
     _checks.beam(beam_size, num_hypotheses)
     k = beam_size
@@ -185,13 +202,16 @@ def beam_search(
         rows = ops.reshape(beam_index + ops.arange(batch_size)[:, None] * k, (-1,))
         return keras.tree.map_structure(lambda x, old: x if x is old else ops.take(x, rows, axis=0), cache, before)
 
-    def cond(i, sequences, alive_logp, cache, finished_seq, finished_score):
+    bound = max_length if bound_length is None else bound_length
+
+    def can_improve(alive_logp, finished_score):
         # The best a live hypothesis can still score: its log-probability only falls,
-        # and the length penalty is largest at max_length.
-        best_alive = ops.max(alive_logp, axis=1) / length_penalty(max_length, alpha)
-        best_finished = ops.max(finished_score, axis=1)
-        can_improve = ops.any(best_alive > best_finished)
-        return ops.logical_and(i < max_length, can_improve)
+        # and the length penalty is largest at the longest output.
+        best_alive = ops.max(alive_logp, axis=1) / length_penalty(bound, alpha)
+        return ops.any(best_alive > ops.max(finished_score, axis=1))
+
+    def cond(i, sequences, alive_logp, cache, finished_seq, finished_score):
+        return ops.logical_and(i < max_length, can_improve(alive_logp, finished_score))
 
     def body(i, sequences, alive_logp, before, finished_seq, finished_score):
         logits, cache = step(ops.reshape(sequences, (batch_size * k, -1)), before, i)
@@ -226,6 +246,16 @@ def beam_search(
     loop_vars = (ops.convert_to_tensor(0, "int32"), sequences, alive_logp, cache, finished_seq, finished_score)
     loop = while_loop or ops.while_loop
     i, sequences, alive_logp, _, finished_seq, finished_score = loop(cond, body, loop_vars)
+    tokens, scores = _best(i, sequences, alive_logp, finished_seq, finished_score, alpha, num_hypotheses, gather_beams)
+    if not return_complete:
+        return tokens, scores
+    if bound_length is None:
+        return tokens, scores, ops.convert_to_tensor(True)
+    return tokens, scores, ops.logical_not(ops.logical_and(i < bound, can_improve(alive_logp, finished_score)))
+
+
+def _best(i, sequences, alive_logp, finished_seq, finished_score, alpha, num_hypotheses, gather_beams):
+    """The beam search's result from its last state: see `beam_search`."""
     # Inputs with nothing finished (every hypothesis reached max_length) fall back to the
     # best live hypothesis, scored with the penalty of its full length.
     alive_score = alive_logp / length_penalty(i, alpha)  # (N, k)

@@ -258,3 +258,19 @@ def test_beam_search_reorders_only_the_cache_the_step_changes(monkeypatch):
                          pad_id=decoding.PAD_ID, beam_size=3, while_loop=decoding.eager_while_loop)
     assert (6, 5) in taken  # the history, reordered each step
     assert (6, 3) not in taken  # the source, never
+
+
+@pytest.mark.parametrize("beam_size, num_hypotheses", [(1, 1), (3, 2)])
+def test_translate_tries_a_short_buffer_first_with_the_full_searchs_result(beam_size, num_hypotheses):
+    # The source is 4 wide: outputs may have 54 tokens, `translate` searches with 20 first.
+    # Model 0's outputs all end within 20 tokens; some of model 1's do not (many random
+    # models never end), so it is searched again; with min_length 21, only the full search.
+    source = _source()
+    for seed, min_length, lengths in ((0, 0, {20}), (1, 0, {20, 54}), (0, 21, {54})):
+        model = _model(seed=seed, scale=0.8)
+        expected = model.search(source, 54, beam_size=beam_size, min_length=min_length, num_hypotheses=num_hypotheses)
+        got = model.translate(source, beam_size, min_length=min_length, num_hypotheses=num_hypotheses,
+                              return_scores=True)
+        assert {key[0] for key in model._searches.keys()} == lengths
+        np.testing.assert_array_equal(to_numpy(got[0], "int32"), to_numpy(expected[0], "int32"))
+        np.testing.assert_allclose(to_numpy(got[1]), to_numpy(expected[1]), atol=1e-5)

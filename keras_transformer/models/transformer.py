@@ -307,12 +307,16 @@ class Transformer(keras.Model):
         *,
         call=None,
         while_loop=None,
+        bound_length=None,
+        return_complete: bool = False,
     ):
         """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
 
         `max_length` may be a tensor (the exporter traces it from the input's length).
         Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros. With
         `num_hypotheses=n > 1` (beam search), `(B, n, max_length)` and `(B, n)`.
+        `bound_length` and `return_complete` (a third result) are the searches' own,
+        see `keras_transformer.decoding.beam_search`.
 
         `call(fn, *args)` runs the encoder call (defaults to `fn(*args)`) and
         `while_loop` the search's loop (defaults to `keras.ops.while_loop`): the two
@@ -329,12 +333,16 @@ class Transformer(keras.Model):
         batch = ops.shape(source_ids)[0]
         special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
         if beam_size == 1:
-            tokens = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop, **special)
-            return tokens, ops.zeros((batch,), "float32")
-        return decoding.beam_search(
-            step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
-            num_hypotheses=num_hypotheses, while_loop=while_loop, **special,
-        )
+            tokens, complete = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop,
+                                                      return_complete=True, **special)
+            result = tokens, ops.zeros((batch,), "float32"), complete
+        else:
+            result = decoding.beam_search(
+                step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
+                num_hypotheses=num_hypotheses, while_loop=while_loop, bound_length=bound_length,
+                return_complete=True, **special,
+            )
+        return result if return_complete else result[:2]
 
     def translate(
         self,
@@ -357,6 +365,13 @@ class Transformer(keras.Model):
         `torch.export` and replayed) once per batch size, length and setting, and kept
         with the model (the last 8). One model may translate from several threads at
         once.
+
+        Every step reads and reorders a cache as long as the longest output allowed,
+        and most outputs end long before it: the search runs first with room for
+        `S + max(16, S // 2)` tokens (if `min_length` fits), under the stopping rule
+        of the full length. If it
+        ended in time (every output finished, and no live hypothesis could still win),
+        that is the full search's result; otherwise the full search runs.
 
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.
@@ -393,28 +408,41 @@ class Transformer(keras.Model):
         if not self.built:
             self.build()
         max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
-        settings = (max_length, int(beam_size), float(length_penalty), int(min_length), bool(use_cache),
-                    num_hypotheses)
         mode = "default" if compile is True else compile
 
         source_ids = ops.cast(source_ids, "int32")
-        if compile is False:
-            tokens, scores = self.search(source_ids, *settings, while_loop=decoding.eager_while_loop)
-            return (tokens, scores) if return_scores else tokens
+        settings = (int(beam_size), float(length_penalty), int(min_length), bool(use_cache), num_hypotheses)
+        # Most outputs end long before the longest allowed: searching first with a short
+        # buffer (what every step reads and reorders) gives the same result when it
+        # ends in time, and the full search runs only when it did not.
+        first = min(max_length, int(source_ids.shape[1]) + max(16, int(source_ids.shape[1]) // 2))
+        short = min_length <= first < max_length  # an output must have room for `[END]`
+        for length in ([first] if short else []) + [max_length]:
+            tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)
+            if length == max_length or bool(ops.convert_to_numpy(complete)):
+                break
+        if length < max_length:
+            padding = [[0, 0]] * (len(tokens.shape) - 1) + [[0, max_length - length]]
+            tokens = ops.pad(tokens, padding, constant_values=self.pad_id)
+        return (tokens, scores) if return_scores else tokens
 
+    def _run_search(self, source_ids, length, bound_length, settings, compile, mode):
+        """`search` with a buffer of `length`, compiled once per settings and variables."""
+        if compile is False:
+            return self.search(source_ids, length, *settings, while_loop=decoding.eager_while_loop,
+                               bound_length=bound_length, return_complete=True)
         # A compiled search holds the variables it was made with: a model whose variables
         # were replaced since (`quantize`, LoRA) gets a new one.
         variables = self.variables
 
         def make():
             def search(ids, **runner):
-                return self.search(ids, *settings, **runner)
+                return self.search(ids, length, *settings, bound_length=bound_length, return_complete=True, **runner)
 
             return compile_search(search, variables, name=f"search of model '{self.name}'", mode=mode)
 
-        key = (*settings, mode, tuple(map(id, variables)))
-        tokens, scores = self._searches.get(key, make)(source_ids)
-        return (tokens, scores) if return_scores else tokens
+        key = (length, bound_length, *settings, mode, tuple(map(id, variables)))
+        return self._searches.get(key, make)(source_ids)
 
     def get_config(self):
         config = super().get_config()
