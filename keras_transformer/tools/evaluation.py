@@ -27,7 +27,7 @@ def load_run(run_dir, model: str = "final", quantize: str | None = None):
     loaded = load_model_file(files.run_model_file(run_dir, model))
     if quantize is not None:
         quantize_model(loaded, quantize)
-    return loaded, _load_tokenizer(pathlib.Path(run_dir) / "tokenizer")
+    return loaded, files.load_run_tokenizer(pathlib.Path(run_dir) / "tokenizer")
 
 
 def quantize_model(model, mode: str = "int8"):
@@ -60,15 +60,6 @@ def load_model_file(model_file):
     if not isinstance(model, Transformer):
         raise RunDirError(f"{model_file} holds a {type(model).__name__}, not a keras_transformer Transformer.")
     return model
-
-
-def _load_tokenizer(directory):
-    from keras_transformer.tools.text import Tokenizer
-
-    try:
-        return Tokenizer.load(directory)
-    except ValueError as e:  # TokenizerError: names the file and what to do
-        raise RunDirError(str(e)) from None
 
 
 def check_special_ids(model, tokenizer) -> None:

@@ -37,6 +37,17 @@ def tokenizer_kind(directory) -> str | None:
         return None
 
 
+def load_run_tokenizer(directory):
+    """The tokenizer a run directory holds; a damaged one is a `RunDirError` naming the
+    file and what to do (the CLI prints it as one line, status 2)."""
+    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.load(directory)
+    except TokenizerError as e:
+        raise RunDirError(str(e)) from None
+
+
 def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     """The model file of a run directory written by `train`, checked to exist.
 

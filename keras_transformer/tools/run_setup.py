@@ -100,15 +100,6 @@ def check_mixed_precision(precision: str | None) -> None:
             )
 
 
-def load_tokenizer(directory):
-    from keras_transformer.tools.text.tokenizer import Tokenizer, TokenizerError
-
-    try:
-        return Tokenizer.load(directory)
-    except TokenizerError as e:
-        raise RunError(str(e)) from None
-
-
 def prepare(config, output_dir, corpus, resuming):
     """The chief's share before training: `(tokenizer, data statistics)`, printed."""
     from keras_transformer.tools.text.tokenizer import Tokenizer
@@ -116,7 +107,7 @@ def prepare(config, output_dir, corpus, resuming):
     print(corpus.summary(), flush=True)
     tokenizer_dir = output_dir / "tokenizer"
     if resuming and tokenizer_dir.is_dir():
-        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer = files.load_run_tokenizer(tokenizer_dir)
     else:
         texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]
         try:

@@ -144,7 +144,7 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
             files.write_json(output_dir / "data.json", data)
         collectives.barrier(cluster, "run directory written")
         if tokenizer is None:  # the chief's vocabulary
-            tokenizer = run_setup.load_tokenizer(output_dir / "tokenizer")
+            tokenizer = files.load_run_tokenizer(output_dir / "tokenizer")
         return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster)
 
 
