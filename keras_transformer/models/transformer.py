@@ -15,6 +15,15 @@ from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EX
 from keras_transformer.layers.embedding import SinusoidalEmbedding
 from keras_transformer.layers.stacks import Decoder, Encoder
 
+
+def first_search_length(source_length):
+    """The output room `translate` (and an exported translator) searches with first:
+    `S + max(16, S // 2)` for sources `S` tokens wide. An int, or a tensor for a tensor."""
+    if isinstance(source_length, int):
+        return source_length + max(16, source_length // 2)
+    return source_length + ops.maximum(16, source_length // 2)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
@@ -415,7 +424,7 @@ class Transformer(keras.Model):
         # Most outputs end long before the longest allowed: searching first with a short
         # buffer (what every step reads and reorders) gives the same result when it
         # ends in time, and the full search runs only when it did not.
-        first = min(max_length, int(source_ids.shape[1]) + max(16, int(source_ids.shape[1]) // 2))
+        first = min(max_length, first_search_length(int(source_ids.shape[1])))
         short = min_length <= first < max_length  # an output must have room for `[END]`
         for length in ([first] if short else []) + [max_length]:
             tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)

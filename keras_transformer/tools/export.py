@@ -82,6 +82,8 @@ def export_files(model_file, tokenizer_dir, path, beam_size=BEAM_SIZE, length_pe
 def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length):
     import tensorflow as tf
 
+    from keras_transformer.models.transformer import first_search_length
+
     def translate(texts):
         ids = tokenizer.tokenize(texts)  # ragged (B, None) int64
         lengths = ids.row_lengths()
@@ -89,8 +91,14 @@ def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_le
         width = tf.maximum(tf.reduce_max(tf.concat([lengths, [0]], 0)), 1)
         shape = tf.stack([tf.size(lengths, tf.int64), width])
         source = tf.cast(ids.to_tensor(default_value=tokenizer.pad_id, shape=shape), tf.int32)
+        # As `Transformer.translate`: a search with a short buffer first, under the stopping
+        # rule of the full length; the full search only if that one did not end in time.
         max_length = tf.shape(source)[1] + max_extra_length
-        tokens, _ = model.search(source, max_length, beam_size, length_penalty)
+        first = tf.minimum(max_length, first_search_length(tf.shape(source)[1]))
+        short, _, complete = model.search(source, first, beam_size, length_penalty, bound_length=max_length,
+                                          return_complete=True)
+        tokens = tf.cond(complete, lambda: short,
+                         lambda: model.search(source, max_length, beam_size, length_penalty)[0])
         text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(tf.cast(tokens, tf.int64)))
         # An empty input translates to an empty string.
         return {"translation": tf.where(lengths > 0, text, tf.constant(""))}
