@@ -378,9 +378,9 @@ class Transformer(keras.Model):
         Every step reads and reorders a cache as long as the longest output allowed,
         and most outputs end long before it: the search runs first with room for
         `S + max(16, S // 2)` tokens (if `min_length` fits), under the stopping rule
-        of the full length. If it
-        ended in time (every output finished, and no live hypothesis could still win),
-        that is the full search's result; otherwise the full search runs.
+        of the full length. If it ended in time (every output finished, and no live
+        hypothesis could still win), that is the full search's result; otherwise the
+        full search runs.
 
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.
