@@ -249,8 +249,8 @@ def beam_search(
     tokens, scores = _best(i, sequences, alive_logp, finished_seq, finished_score, alpha, num_hypotheses, gather_beams)
     if not return_complete:
         return tokens, scores
-    if bound_length is None:
-        return tokens, scores, ops.convert_to_tensor(True)
+    # Complete when the search with max_length=bound would stop here too (always so
+    # when bound is max_length: the loop ended).
     return tokens, scores, ops.logical_not(ops.logical_and(i < bound, can_improve(alive_logp, finished_score)))
 
 

@@ -136,8 +136,8 @@ class _Program:
 
     Args:
         in_place: The graph may write into the argument tensors it overwrites anyway
-            (a decoding loop's cache, `index_copy`): `__call__(..., owned=True)` then
-            says the caller gives those tensors up; otherwise they are copied first.
+            (a decoding loop's cache, `index_copy`): `run(..., owned=True)` then says
+            the caller gives those tensors up; otherwise they are copied first.
     """
 
     def __init__(self, fn, variables, args, leaves, in_place: bool = False):
@@ -173,7 +173,6 @@ class _Program:
         _own_constants_as_attributes(self.graph, program)
         _drop_no_ops(self.graph)
         _fold_constants(self.graph)
-        self.values_count = len(values)
         self.written = _write_in_place(self.graph, len(values)) if in_place else []
 
     def __call__(self, values, *args):
@@ -287,12 +286,17 @@ def _own_constants_as_attributes(graph, program) -> None:
     for node, spec in zip(placeholders, program.graph_signature.input_specs):
         if spec.kind == kinds.USER_INPUT:
             continue
-        name = f"constant_{len(list(graph.buffers()))}"
-        graph.register_buffer(name, constants[spec.target])
-        with graph.graph.inserting_before(first):
-            node.replace_all_uses_with(graph.graph.get_attr(name))
+        node.replace_all_uses_with(_attribute(graph, constants[spec.target], before=first))
         graph.graph.erase_node(node)
     graph.recompile()
+
+
+def _attribute(graph, value, before):
+    """A new node, placed before `before`, reading `value` kept as a buffer of the graph."""
+    name = f"constant_{len(list(graph.buffers()))}"
+    graph.register_buffer(name, value)
+    with graph.graph.inserting_before(before):
+        return graph.graph.get_attr(name)
 
 
 def _fold_constants(graph, max_elements: int = 1 << 20) -> None:
@@ -317,10 +321,7 @@ def _fold_constants(graph, max_elements: int = 1 << 20) -> None:
     for node, value in known.items():
         if node.op == "get_attr" or all(user in known for user in node.users):
             continue
-        name = f"constant_{len(list(graph.buffers()))}"
-        graph.register_buffer(name, value)
-        with graph.graph.inserting_before(node):
-            node.replace_all_uses_with(graph.graph.get_attr(name))
+        node.replace_all_uses_with(_attribute(graph, value, before=node))
     _drop_unused(graph)
 
 
