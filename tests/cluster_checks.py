@@ -68,4 +68,8 @@ def main(process_id: int, port: int) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]))), flush=True)
-    os._exit(0)  # process 1 would wait at jax.distributed's shutdown for process 0's reference
+    import jax
+
+    # Leave together: process 0 hosts the coordination service and trains once more, and a
+    # process that exits while the other still runs makes the service abort that other one.
+    jax.distributed.shutdown()
