@@ -13,7 +13,8 @@ the script prints a table and writes JSON.
 `--backends ctranslate2` (with the `ctranslate2` extra) converts the same model (built
 with the seed on PyTorch) with `keras_transformer.tools.ctranslate2_export.convert_model`
 and times CTranslate2's `translate_batch` on the same inputs, float32 and int8, with
-`min_decoding_length` and `max_decoding_length` both the output length.
+`min_decoding_length` and `max_decoding_length` both the output length, with one
+thread and with every core (`intra_threads`); the faster of the two is its row.
 
     python benchmarks/decode.py [--backends jax tensorflow torch ctranslate2] [--preset small]
 """
@@ -97,20 +98,29 @@ def measure_ctranslate2(args, model, source) -> dict:
     convert_model(model, vocabulary, directory)
     pieces = [[vocabulary[i] for i in row] for row in source.tolist()]
     n, results = args.output_tokens, {}
+    # One thread and every core, each timed: on a small machine one thread can be the
+    # faster (its threads then do not wait on each other); the faster is the row.
+    threads = sorted({1, os.cpu_count() or 1})
     for compute_type in ("float32", "int8"):
-        translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                            intra_threads=os.cpu_count() or 1)
+        translators = {t: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type, intra_threads=t)
+                       for t in threads}
         for search, beam_size in (("greedy", 1), ("beam", args.beam_size)):
-            def run():
-                return translator.translate_batch(pieces, beam_size=beam_size, min_decoding_length=n,
-                                                  max_decoding_length=n, length_penalty=1.0)
-            out, first, times = first_then_repeats(run, args.repeats)
-            assert all(len(r.hypotheses[0]) == n for r in out), [len(r.hypotheses[0]) for r in out]
-            median = statistics.median(times)
-            results[f"{search}_{compute_type}"] = {
-                "median_seconds": round(median, 4), "tokens_per_second": round(args.batch * n / median, 1),
-                "first_run_seconds": round(first, 2), "times": [round(x, 4) for x in times],
-            }
+            rows = []
+            for t, translator in translators.items():
+                def run():
+                    return translator.translate_batch(pieces, beam_size=beam_size, min_decoding_length=n,
+                                                      max_decoding_length=n, length_penalty=1.0)
+                out, first, times = first_then_repeats(run, args.repeats)
+                assert all(len(r.hypotheses[0]) == n for r in out), [len(r.hypotheses[0]) for r in out]
+                median = statistics.median(times)
+                rows.append({
+                    "median_seconds": round(median, 4), "tokens_per_second": round(args.batch * n / median, 1),
+                    "first_run_seconds": round(first, 2), "times": [round(x, 4) for x in times],
+                    "intra_threads": t,
+                })
+            best = max(rows, key=lambda row: row["tokens_per_second"])
+            results[f"{search}_{compute_type}"] = {**best, "by_threads": {
+                str(row["intra_threads"]): row["tokens_per_second"] for row in rows}}
     return results
 
 
@@ -156,8 +166,9 @@ def main() -> int:
             continue
         if backend == "ctranslate2":
             for search in ("greedy", "beam"):
-                print(f"{backend:<11}{search:<8}{r[f'{search}_float32']['tokens_per_second']:>9.0f}"
-                      f"   (int8: {r[f'{search}_int8']['tokens_per_second']:.0f})")
+                f32, i8 = r[f"{search}_float32"], r[f"{search}_int8"]
+                print(f"{backend:<11}{search:<8}{f32['tokens_per_second']:>9.0f}   ({f32['intra_threads']} thread(s); "
+                      f"int8: {i8['tokens_per_second']:.0f}, {i8['intra_threads']} thread(s))")
             continue
         for search in ("greedy", "beam"):
             extra = r.get(f"{search}_torch_compile", {}).get("tokens_per_second")
