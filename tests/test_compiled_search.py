@@ -13,6 +13,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer.backend.compile import CompileFailedWarning
+from keras_transformer.tools.evaluation import quantize_model
 from tests.conftest import BACKEND, randomize_weights, to_numpy
 
 torch_only = pytest.mark.skipif(
@@ -60,13 +61,32 @@ def test_compiled_search_uses_weights_set_after_compilation():
 def test_a_model_quantized_after_translating_searches_with_its_int8_weights():
     model = _model(0)
     _, before = model.translate(SOURCE, 2, max_length=4, return_scores=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "LayerNormalization does not have a `quantize` method"
-        model.quantize("int8")  # replaces every Dense kernel with an int8 one and its scale
+    quantize_model(model, "int8")  # Keras' model.quantize: every Dense kernel int8, with its scale
     _, after = model.translate(SOURCE, 2, max_length=4, return_scores=True)
     _, eager = model.search(SOURCE, 4, beam_size=2)  # the same search, uncompiled, on the variables of now
     assert np.abs(to_numpy(before) - to_numpy(eager)).max() > 1e-3  # int8 changes the scores: the check can fail
     np.testing.assert_allclose(to_numpy(after), to_numpy(eager), atol=1e-4)
+
+
+def test_quantizing_frees_the_float_kernels_and_leaves_the_collector_as_it_was():
+    import gc
+    import weakref
+
+    model = _model(0)
+    kernels = [weakref.ref(w) for w in model.weights if w.path.endswith("/kernel")]
+    assert kernels and gc.get_freeze_count() == 0
+    quantize_model(model, "int8")
+    assert gc.get_freeze_count() == 0  # nothing left set aside
+    assert [k for k in kernels if k() is not None] == []  # the float kernels are gone
+    assert all(w.dtype == "int8" for w in model.weights if w.path.endswith("/kernel"))
+    # A process that freezes objects itself keeps its frozen ones.
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        quantize_model(_model(1), "int8")
+        assert gc.get_freeze_count() > frozen // 2 > 0  # still frozen (less the few freed meanwhile)
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])
