@@ -144,6 +144,34 @@ def test_a_process_that_never_arrives_is_named_within_the_timeout(tmp_path):
     assert len(errors) == 1 and "process 1 never arrived" in errors[0], err[-3000:]
 
 
+@pytest.mark.skipif(BACKEND == "tensorflow", reason=(
+    "MultiWorkerMirroredStrategy waits for every worker inside TensorFlow's context initialization, holding "
+    "the GIL (context.ensure_initialized), so no timer of the process runs; TensorFlow's own cluster "
+    "registration timeout bounds the wait"))
+def test_a_worker_with_nothing_at_the_coordinators_address_says_so_with_status_2(tmp_path):
+    argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "3"]
+    start = time.time()
+    worker = _start(argv, _env(1, 2, cluster.free_port()))  # process 1; nothing listens on the port
+    _, err = worker.communicate(timeout=120)
+    assert worker.returncode == 2 and time.time() - start < 60, err[-3000:]
+    errors = _errors(err)
+    assert len(errors) == 1 and "nothing answers at the coordinator's address localhost:" in errors[0], err[-3000:]
+
+
+def test_a_coordinator_that_answers_is_told_from_one_that_does_not():
+    import socket
+
+    from keras_transformer.tools import collectives
+
+    with socket.socket() as server:
+        server.bind(("localhost", 0))
+        server.listen()
+        address = f"localhost:{server.getsockname()[1]}"
+        assert collectives.answers(address)
+    assert not collectives.answers(address)  # closed now
+    assert not collectives.answers("localhost:notaport")
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")
 def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
     """2 processes x 2 virtual devices: a 2 x 2 (batch x model) mesh with the project's layout."""

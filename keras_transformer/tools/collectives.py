@@ -32,9 +32,15 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     done = threading.Event()
 
     def give_up():
-        if not done.is_set():
-            _exit_lost(cluster, f"the cluster did not form within {timeout:g} s at {cluster.address}: "
-                                f"{cluster.others()} never arrived (or two processes were given the same index)")
+        if done.is_set():
+            return
+        if not cluster.chief and not answers(cluster.address):
+            # Nothing listens where the coordinator should: a wrong address or port (or a
+            # process 0 that never started), which the settings can fix: status 2.
+            _exit(cluster, f"nothing answers at the coordinator's address {cluster.address} (tried for "
+                           f"{timeout:g} s): check the address and port, and that process 0 is started", 2)
+        _exit_lost(cluster, f"the cluster did not form within {timeout:g} s at {cluster.address}: "
+                            f"{cluster.others()} never arrived (or two processes were given the same index)")
 
     timer = threading.Timer(timeout, give_up)
     timer.daemon = True
@@ -93,9 +99,28 @@ def torch_cuda() -> bool:
 
 def _exit_lost(cluster: Cluster, reason: str) -> None:
     """One line and status 1, now: the engines' own shutdown would wait for the lost process."""
-    print(f"keras-transformer train: error: {cluster.name}: {reason}. Run the same launch again to resume.",
-          file=sys.stderr, flush=True)
-    os._exit(1)
+    _exit(cluster, f"{reason}. Run the same launch again to resume", 1)
+
+
+def _exit(cluster: Cluster, message: str, status: int) -> None:
+    print(f"keras-transformer train: error: {cluster.name}: {message}.", file=sys.stderr, flush=True)
+    os._exit(status)
+
+
+def answers(address: str | None, timeout: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at `host:port` (the coordinator's).
+
+    Asked only once joining has timed out, to tell a wrong address from a missing process;
+    the connection is closed at once, before any engine's handshake.
+    """
+    import socket
+
+    host, _, port = (address or "").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def lost(cluster: Cluster, error: BaseException) -> str | None:
