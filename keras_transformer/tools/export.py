@@ -82,7 +82,7 @@ def export_files(model_file, tokenizer_dir, path, beam_size=BEAM_SIZE, length_pe
 def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length):
     import tensorflow as tf
 
-    from keras_transformer.models.transformer import first_search_length
+    from keras_transformer.models.translating import first_search_length
 
     def translate(texts):
         ids = tokenizer.tokenize(texts)  # ragged (B, None) int64

@@ -1,0 +1,178 @@
+"""The searches a Transformer runs: `search` (traceable) and `translate` (compiled, cached).
+
+`Translating` is a part of `Transformer` kept in its own module: the model's layers,
+training and serialization are in `transformer.py`, what turns its decoding step into
+output ids is here. It needs from the model `init_cache`, `step`, `uncached_step`,
+`encode`, the special ids and `_searches` (the model's cache of compiled searches).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from keras_transformer import _checks, decoding
+from keras_transformer.backend.compile import compile_search
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
+
+
+def first_search_length(source_length):
+    """The output room `translate` (and an exported translator) searches with first:
+    `S + max(16, S // 2)` for sources `S` tokens wide. An int, or a tensor for a tensor."""
+    if isinstance(source_length, int):
+        return source_length + max(16, source_length // 2)
+    return source_length + ops.maximum(16, source_length // 2)
+
+
+
+class Translating:
+    """`search` and `translate` for `Transformer` (see there)."""
+
+    def search(
+        self,
+        source_ids,
+        max_length,
+        beam_size: int = BEAM_SIZE,
+        length_penalty: float = LENGTH_PENALTY,
+        min_length: int = 0,
+        use_cache: bool = True,
+        num_hypotheses: int = 1,
+        *,
+        call=None,
+        while_loop=None,
+        bound_length=None,
+        return_complete: bool = False,
+    ):
+        """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
+
+        `max_length` may be a tensor (the exporter traces it from the input's length).
+        Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros. With
+        `num_hypotheses=n > 1` (beam search), `(B, n, max_length)` and `(B, n)`.
+        `bound_length` and `return_complete` (a third result) are the searches' own,
+        see `keras_transformer.decoding.beam_search`.
+
+        `call(fn, *args)` runs the encoder call (defaults to `fn(*args)`) and
+        `while_loop` the search's loop (defaults to `keras.ops.while_loop`): the two
+        places where PyTorch's compiled search runs exported programs instead
+        (`keras_transformer.backend.torch_decoding`).
+        """
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        call = call or (lambda fn, *args: fn(*args))
+        if use_cache:
+            step, cache = self.step, call(self.init_cache, source_ids, max_length)
+        else:
+            encoder_output, source_mask = call(self.encode, source_ids)
+            step, cache = self.uncached_step, {"encoder_output": encoder_output, "source_mask": source_mask}
+        batch = ops.shape(source_ids)[0]
+        special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
+        if beam_size == 1:
+            tokens, complete = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop,
+                                                      return_complete=True, **special)
+            result = tokens, ops.zeros((batch,), "float32"), complete
+        else:
+            result = decoding.beam_search(
+                step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
+                num_hypotheses=num_hypotheses, while_loop=while_loop, bound_length=bound_length,
+                return_complete=True, **special,
+            )
+        return result if return_complete else result[:2]
+
+    def translate(
+        self,
+        source_ids,
+        beam_size: int = BEAM_SIZE,
+        length_penalty: float = LENGTH_PENALTY,
+        max_extra_length: int = MAX_EXTRA_LENGTH,
+        *,
+        max_length: int | None = None,
+        min_length: int = 0,
+        use_cache: bool = True,
+        return_scores: bool = False,
+        num_hypotheses: int = 1,
+        compile: bool | str = True,
+    ):
+        """Beam search (section 6.1): the best output ids for each source row.
+
+        The search is compiled for the backend (`jax.jit`, XLA-compiled `tf.function`;
+        on PyTorch its encoder call and one loop iteration are exported with
+        `torch.export` and replayed) once per batch size, length and setting, and kept
+        with the model (the last 8). One model may translate from several threads at
+        once.
+
+        Every step reads and reorders a cache as long as the longest output allowed,
+        and most outputs end long before it: the search runs first with room for
+        `S + max(16, S // 2)` tokens (if `min_length` fits), under the stopping rule
+        of the full length. If it ended in time (every output finished, and no live
+        hypothesis could still win), that is the full search's result; otherwise the
+        full search runs.
+
+        Args:
+            source_ids: Integer `(B, S)`, padded with `pad_id`.
+            beam_size: Defaults to `4` (the paper). `1` is greedy decoding.
+            length_penalty: alpha of the GNMT penalty `((5 + |Y|) / 6)^alpha`.
+                Defaults to `0.6` (the paper).
+            max_extra_length: Longest output = `S + max_extra_length`. Defaults to `50`.
+            max_length: Longest output, instead of `S + max_extra_length`.
+            min_length: No `[END]` before this many tokens. Defaults to `0`.
+            use_cache: Use the KV cache. `False` re-runs the decoder over the whole
+                prefix at every step (same tokens, slower: for checks and benchmarks).
+            return_scores: Also return the `(B,)` scores `log P / lp` (zeros for greedy).
+            num_hypotheses: n, the size of the n-best list per row, at most
+                `beam_size`. Defaults to `1`.
+            compile: Run the compiled search. `False` runs the same search eagerly,
+                op by op, on every backend (same tokens; a way out when compiling
+                fails). A search that cannot be compiled also runs eagerly, with one
+                warning naming the reason. On PyTorch, `"torch.compile"` also compiles
+                the exported programs with `torch.compile` (faster steps, seconds of
+                compilation per shape; see `keras_transformer.backend.torch_decoding`).
+                Defaults to `True`.
+
+        Returns:
+            Integer `(B, max_length)`: output tokens, `[END]`, then `pad_id`; and the
+            scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
+            best first, and `(B, n)` scores.
+        """
+        _checks.beam(beam_size, num_hypotheses)
+        source_ids = ops.convert_to_tensor(source_ids)
+        if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
+            raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
+        if len(source_ids.shape) != 2:
+            raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
+        if not self.built:
+            self.build()
+        max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
+        mode = "default" if compile is True else compile
+
+        source_ids = ops.cast(source_ids, "int32")
+        settings = (int(beam_size), float(length_penalty), int(min_length), bool(use_cache), num_hypotheses)
+        # Most outputs end long before the longest allowed: searching first with a short
+        # buffer (what every step reads and reorders) gives the same result when it
+        # ends in time, and the full search runs only when it did not.
+        first = min(max_length, first_search_length(int(source_ids.shape[1])))
+        short = min_length <= first < max_length  # an output must have room for `[END]`
+        for length in ([first] if short else []) + [max_length]:
+            tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)
+            if length == max_length or bool(ops.convert_to_numpy(complete)):
+                break
+        if length < max_length:
+            padding = [[0, 0]] * (len(tokens.shape) - 1) + [[0, max_length - length]]
+            tokens = ops.pad(tokens, padding, constant_values=self.pad_id)
+        return (tokens, scores) if return_scores else tokens
+
+    def _run_search(self, source_ids, length, bound_length, settings, compile, mode):
+        """`search` with a buffer of `length`, compiled once per settings and variables."""
+        if compile is False:
+            return self.search(source_ids, length, *settings, while_loop=decoding.eager_while_loop,
+                               bound_length=bound_length, return_complete=True)
+        # A compiled search holds the variables it was made with: a model whose variables
+        # were replaced since (`quantize`, LoRA) gets a new one.
+        variables = self.variables
+
+        def make():
+            def search(ids, **runner):
+                return self.search(ids, length, *settings, bound_length=bound_length, return_complete=True, **runner)
+
+            return compile_search(search, variables, name=f"search of model '{self.name}'", mode=mode)
+
+        key = (length, bound_length, *settings, mode, tuple(map(id, variables)))
+        return self._searches.get(key, make)(source_ids)
