@@ -59,3 +59,22 @@ print([f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caugh
     name, warnings = result.stdout.strip().splitlines()[-2:]
     assert name.startswith("keras_transformer-") and name.endswith(".whl")
     assert warnings == "[]", warnings
+
+
+def test_modules_and_tool_functions_stay_short():
+    """No module of the package over 400 lines; no function of the tools over 60 (a longer
+    one is doing two jobs: split it)."""
+    import ast
+
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 400:
+            long_modules.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
+        if "tools" in path.relative_to(PACKAGE).parts:
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 60:
+                        long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
+    assert long_modules == [] and long_functions == [], long_modules + long_functions

@@ -98,20 +98,7 @@ def numbers_corpus(
             f"test_size={test_size}, max_number={max_number}"
         )
     rng = np.random.default_rng(seed)
-    digits = len(str(max_number))
-    wanted = train_size - 100 + held_out
-    chosen: set[int] = set()
-    # Equal shares per digit count (3..digits), capped by how many such numbers exist.
-    bands = [(10 ** (k - 1), min(10**k - 1, max_number)) for k in range(3, digits + 1)]
-    share = -(-wanted // max(1, len(bands)))
-    for low, high in bands:
-        count = min(share, high - low + 1, wanted - len(chosen))
-        if count > 0:
-            chosen.update(int(n) for n in rng.choice(np.arange(low, high + 1), size=count, replace=False))
-    if len(chosen) < wanted:  # some bands were too small: draw the rest from all numbers
-        rest = np.setdiff1d(np.arange(100, max_number + 1), np.fromiter(chosen, int))
-        chosen.update(int(n) for n in rng.choice(rest, size=wanted - len(chosen), replace=False))
-    numbers = rng.permutation(sorted(chosen))
+    numbers = rng.permutation(sorted(_draw_numbers(rng, train_size - 100 + held_out, max_number)))
     test, validation, train = (
         numbers[:test_size],
         numbers[test_size:held_out],
@@ -127,6 +114,22 @@ def numbers_corpus(
         pairs(rng.permutation(train)), pairs(validation), pairs(test),
         description=f"numbers {source_lang}->{target_lang} (0..{max_number}, seed {seed})",
     )
+
+
+def _draw_numbers(rng, wanted: int, max_number: int) -> set[int]:
+    """`wanted` distinct numbers from 100 to `max_number`, equal shares per count of digits
+    (3 and up), each share capped by how many such numbers exist."""
+    chosen: set[int] = set()
+    bands = [(10 ** (k - 1), min(10**k - 1, max_number)) for k in range(3, len(str(max_number)) + 1)]
+    share = -(-wanted // max(1, len(bands)))
+    for low, high in bands:
+        count = min(share, high - low + 1, wanted - len(chosen))
+        if count > 0:
+            chosen.update(int(n) for n in rng.choice(np.arange(low, high + 1), size=count, replace=False))
+    if len(chosen) < wanted:  # some bands were too small: draw the rest from all numbers
+        rest = np.setdiff1d(np.arange(100, max_number + 1), np.fromiter(chosen, int))
+        chosen.update(int(n) for n in rng.choice(rest, size=wanted - len(chosen), replace=False))
+    return chosen
 
 
 class _NumberWords:

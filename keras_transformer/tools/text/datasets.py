@@ -77,33 +77,32 @@ def make_dataset(
         devices_per_shard: The devices each process splits its slice over (its rows
             are a multiple of it). Defaults to `1`.
     """
-    if not pairs:
-        raise ValueError("Cannot make a dataset from an empty list of pairs. Received: 0 pairs")
-    if not 0 <= shard_index < num_shards:
-        raise ValueError(f"`shard_index` must be in [0, num_shards). Received: shard_index={shard_index}, "
-                         f"num_shards={num_shards}")
     lengths = bucket_lengths(max_length)
+    _check_dataset_settings(pairs, batch_tokens, lengths, num_shards, shard_index)
     multiple = num_shards * devices_per_shard  # the rows of every batch
-    if batch_tokens < lengths[-1]:
-        raise ValueError(
-            f"`batch_tokens` must be at least `max_length` so that a longest pair fits "
-            f"in a batch. Received: batch_tokens={batch_tokens}, max_length={max_length}"
-        )
     ds = _examples(pairs, tokenizer, max_length, shuffle, seed)
-    if repeat:
-        # After the filter: a corpus where no pair fits gives no batch instead of an
-        # endless search for one.
+    if repeat:  # after the filter: no pair that fits means no batch, not an endless search
         ds = ds.repeat()
     ds = _bucketed(ds, lengths, [max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
                    tokenizer.pad_id, drop_remainder)
     if multiple > 1:
         ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, tokenizer.pad_id))
-    if not repeat:
-        # Bucketing hides the number of batches; count them once so that Keras knows
-        # the length (progress bars, and no "ran out of data" warning at the end).
-        batches = int(ds.reduce(0, lambda count, _: count + 1))
-        ds = ds.apply(tf.data.experimental.assert_cardinality(batches))
+    if not repeat:  # bucketing hides the number of batches: counted once, for Keras' progress bar
+        ds = ds.apply(tf.data.experimental.assert_cardinality(int(ds.reduce(0, lambda count, _: count + 1))))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _check_dataset_settings(pairs, batch_tokens: int, lengths, num_shards: int, shard_index: int) -> None:
+    if not pairs:
+        raise ValueError("Cannot make a dataset from an empty list of pairs. Received: 0 pairs")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"`shard_index` must be in [0, num_shards). Received: shard_index={shard_index}, "
+                         f"num_shards={num_shards}")
+    if batch_tokens < lengths[-1]:
+        raise ValueError(
+            f"`batch_tokens` must be at least `max_length` so that a longest pair fits "
+            f"in a batch. Received: batch_tokens={batch_tokens}, max_length={lengths[-1]}"
+        )
 
 
 def _examples(pairs, tokenizer, max_length: int, shuffle: bool, seed: int) -> tf.data.Dataset:

@@ -125,12 +125,7 @@ class Tokenizer(tf.Module):
 
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
-        minimum = len(RESERVED_TOKENS) + 1
-        if vocab_size < minimum:
-            raise ValueError(
-                f"`vocab_size` must be at least {minimum} (the reserved tokens "
-                f"{list(RESERVED_TOKENS)} and one more). Received: vocab_size={vocab_size}"
-            )
+        _check_vocab_size(vocab_size)
         ids = _check_reserved_ids((pad_id, unk_id, start_id, end_id))
         texts = list(texts)
         if not texts:
@@ -142,14 +137,7 @@ class Tokenizer(tf.Module):
                 byte_fallback = vocab_size >= BYTE_FALLBACK_MIN_VOCAB
             model = vocabulary.learn_sentencepiece(texts, vocab_size, ids, byte_fallback)
             return SentencePieceTokenizer(model, lower_case=lower_case)
-        if learner == "tokenizers":
-            vocab = vocabulary.learn_with_tokenizers(texts, vocab_size, min_frequency)
-        elif learner == "tensorflow-text":
-            vocab = vocabulary.learn_with_tensorflow_text(texts, vocab_size)
-        else:
-            raise ValueError(
-                f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}"
-            )
+        vocab = _learn_wordpiece(texts, vocab_size, min_frequency, learner)
         return WordPieceTokenizer(_place_reserved(vocab, vocab_size, ids), lower_case=lower_case)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -357,6 +345,26 @@ def normalise(text: str) -> str:
     """`text` as a SentencePiece round trip gives it back: NFC, runs of spaces as one, no
     space at either end."""
     return re.sub(" +", " ", unicodedata.normalize("NFC", text)).strip()
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    minimum = len(RESERVED_TOKENS) + 1
+    if vocab_size < minimum:
+        raise ValueError(
+            f"`vocab_size` must be at least {minimum} (the reserved tokens "
+            f"{list(RESERVED_TOKENS)} and one more). Received: vocab_size={vocab_size}"
+        )
+
+
+def _learn_wordpiece(texts: list[str], vocab_size: int, min_frequency: int, learner: str) -> list[str]:
+    """The WordPiece vocabulary `learner` ("tokenizers" or "tensorflow-text") learns."""
+    from keras_transformer.tools.text import vocabulary
+
+    if learner == "tokenizers":
+        return vocabulary.learn_with_tokenizers(texts, vocab_size, min_frequency)
+    if learner == "tensorflow-text":
+        return vocabulary.learn_with_tensorflow_text(texts, vocab_size)
+    raise ValueError(f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}")
 
 
 def _check_reserved_ids(ids) -> list[int]:
