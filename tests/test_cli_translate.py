@@ -267,3 +267,16 @@ sys.modules["keras_transformer"] = importlib.util.module_from_spec(spec)
     help_run = subprocess.run([sys.executable, "-c", "import sys, keras_transformer_cli; keras_transformer_cli.main(['train', '--help'])"],
                               capture_output=True, text=True, timeout=60)
     assert help_run.returncode == 0 and "--output-dir" in help_run.stdout
+
+
+def test_checking_a_command_leaves_its_parsed_flags_as_they_were(demo, tmp_path):
+    run = str(demo / "run")
+    for argv in (["translate", "--run-dir", run, "--output", str(tmp_path / "out.txt"), "seven"],
+                 ["evaluate", "--run-dir", run, "--limit", "2"],
+                 ["export", "--run-dir", run, "--output", str(tmp_path / "saved")],
+                 ["train", "--output-dir", str(tmp_path / "run"), "--steps", "3"],
+                 ["launch", "--processes", "2", "--", "train", "--output-dir", str(tmp_path / "run")]):
+        args = cli.parse(argv)
+        before = dict(vars(args))
+        assert cli.check(args) is None, argv
+        assert vars(args) == before, argv  # what check derives goes to run, not into the flags

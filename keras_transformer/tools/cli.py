@@ -64,24 +64,31 @@ def check(args) -> int | None:
     each other, output paths that are taken): `None` when they are good, else 2 after one
     `error:` line. `run` checks too; the installed command checks first, so that such a
     mistake is reported in a fraction of a second."""
-    checker = getattr(args, "check", None)
-    if checker is None or getattr(args, "checked", False):
-        return None
     try:
-        checker(args)
+        _settings(args)
     except (RunError, RunDirError) as e:
         _print_error(args, e)
         return 2
-    args.checked = True
     return None
+
+
+def _settings(args) -> argparse.Namespace:
+    """The parsed flags and what the command's `check(args)` derives from them (a dict: a
+    `TrainConfig`, an output path), as the namespace its handler gets. The parsed one is
+    not changed."""
+    checker = getattr(args, "check", None)
+    derived = checker(args) if checker is not None else None
+    return argparse.Namespace(**{**vars(args), **(derived or {})})
 
 
 def run(args) -> int:
     """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
     the input, 1 with a traceback for anything unexpected."""
-    status = check(args)
-    if status is not None:
-        return status
+    try:
+        settings = _settings(args)
+    except (RunError, RunDirError) as e:
+        _print_error(args, e)
+        return 2
     if getattr(args, "claims_argv", None) is not None:
         return commands.claims.run(args.command, args.claims_argv)
     from keras_transformer.tools.text.corpora import CorpusError
@@ -89,7 +96,7 @@ def run(args) -> int:
     try:
         with quiet_backend_start(enabled=not args.verbose):
             pass  # TensorFlow (the data pipeline's) loads here, its start-up lines filtered
-        return args.handler(args)
+        return settings.handler(settings)
     except (RunError, RunDirError, CorpusError) as e:
         _print_error(args, e)
         return 2

@@ -30,14 +30,15 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run, check=check)
 
 
-def check(args) -> None:
+def check(args) -> dict:
     if bool(args.source_file) != bool(args.target_file):
         raise RunError("--source-file and --target-file must be given together.")
-    args.hypotheses = pathlib.Path(args.hypotheses or os.path.join(
+    hypotheses = pathlib.Path(args.hypotheses or os.path.join(
         args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
-    if args.hypotheses.is_dir():
-        raise RunError(f"--hypotheses {args.hypotheses} is a directory; give a file name.")
+    if hypotheses.is_dir():
+        raise RunError(f"--hypotheses {hypotheses} is a directory; give a file name.")
     run_model_file(args.run_dir, args.model)
+    return {"hypotheses": hypotheses}
 
 
 def run(args) -> int:

@@ -43,12 +43,11 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run, check=check)
 
 
-def check(args) -> None:
+def check(args) -> dict:
     command = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv
     if command[:1] != ["train"]:
         raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
-    args.child_argv = command
-    args.backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    return {"child_argv": command, "backend": os.environ.get("KERAS_BACKEND", "tensorflow")}
 
 
 def run(args) -> int:

@@ -59,19 +59,21 @@ def _add_setting_flag(group, field) -> None:
     group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
 
 
-def check(args) -> None:
-    """The run's settings as a `TrainConfig`, checked (`RunError` names each wrong flag), in `args.config`."""
+def check(args) -> dict:
+    """The run's settings, checked (`RunError` names each wrong flag): its `TrainConfig`
+    (`config`) and this process's place among the run's processes (`cluster`)."""
     corpus = args.corpus or implied_corpus(vars(args))
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values.update(corpus=corpus, steps=steps)
-    args.config = TrainConfig(**values)
-    args.config.validate()
+    config = TrainConfig(**values)
+    config.validate()
     # A process of a multi-process run: its settings, from its launcher's variables.
-    args.cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
-    if args.cluster.chief and lock_held(pathlib.Path(args.output_dir) / "train.lock"):
+    cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
+    if cluster.chief and lock_held(pathlib.Path(args.output_dir) / "train.lock"):
         raise busy_error(args.output_dir)
+    return {"config": config, "cluster": cluster}
 
 
 def run(args) -> int:

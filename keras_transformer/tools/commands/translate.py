@@ -34,19 +34,20 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run, check=check)
 
 
-def check(args) -> None:
+def check(args) -> dict:
     if args.input and args.texts:
         raise RunError("give TEXT arguments or --input FILE, not both")
     if args.n_best and args.n_best > args.beam_size:
         raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
                        "search keeps; raise --beam-size or lower --n-best")
-    args.output = pathlib.Path(args.output) if args.output else None
-    if args.output is not None and args.output.is_dir():
-        raise RunError(f"--output {args.output} is a directory, not a file")
-    if args.output is not None and args.input and _same_file(args.input, args.output):
-        raise RunError(f"--output {args.output} is the --input file {args.input}; writing the translations "
+    output = pathlib.Path(args.output) if args.output else None
+    if output is not None and output.is_dir():
+        raise RunError(f"--output {output} is a directory, not a file")
+    if output is not None and args.input and _same_file(args.input, output):
+        raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
                        "there would replace the sentences. Give another --output")
     run_model_file(args.run_dir, args.model)
+    return {"output": output}
 
 
 def _same_file(a, b) -> bool:
