@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "Keras' model.quantize('int8')), ctranslate2 / ctranslate2-int8 (beam 4 with CTranslate2 "
                         "float32 / int8 on the run's export; needs the ctranslate2 extra). A finished run in "
                         "--output-dir is not trained again, so engines can be added to it later.")
+    p.add_argument("--ctranslate2-threads", type=int, default=os.cpu_count() or 1,
+                   help="CTranslate2's intra_threads (default: every core; on a small machine one thread "
+                        "can be the faster).")
     p.add_argument("--output-dir", default="runs/real-text")
     for key, value in RECIPE.items():
         p.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
@@ -199,11 +202,13 @@ def decoders(args, out: pathlib.Path, model, tokenizer):
     for engine in ("ctranslate2", "ctranslate2-int8"):
         if engine in args.engines:
             quantization = "int8" if engine.endswith("int8") else None
-            yield f"beam4 {engine.replace('-', ' ')}", ctranslate2_translator(out, model, tokenizer, quantization,
-                                                                             args.eval_batch_size)
+            name = f"beam4 {engine.replace('-', ' ')} ({args.ctranslate2_threads} thread"
+            name += "s)" if args.ctranslate2_threads > 1 else ")"
+            yield name, ctranslate2_translator(out, model, tokenizer, quantization, args.eval_batch_size,
+                                               args.ctranslate2_threads)
 
 
-def ctranslate2_translator(out: pathlib.Path, model, tokenizer, quantization, batch_size: int):
+def ctranslate2_translator(out: pathlib.Path, model, tokenizer, quantization, batch_size: int, threads: int):
     """Translate with CTranslate2 and SentencePiece alone (the export's README lines), beam 4.
 
     CTranslate2 normalizes by `length ** length_penalty`; `length_penalty=1` is the setting
@@ -218,7 +223,7 @@ def ctranslate2_translator(out: pathlib.Path, model, tokenizer, quantization, ba
     directory = out / f"ctranslate2-{quantization or 'float32'}"
     if not directory.is_dir():
         export_ctranslate2(model, tokenizer, directory, quantization=quantization)
-    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=os.cpu_count() or 1)
+    translator = ctranslate2.Translator(str(directory), device="cpu", intra_threads=threads)
     sp = sentencepiece.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
 
     def translate(sources):
