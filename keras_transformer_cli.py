@@ -24,12 +24,12 @@ def main(argv=None) -> int:
     from keras_transformer.tools import cli
 
     args = cli.parse(argv)  # --help and usage mistakes exit here
-    status = cli.check(args)  # so do mistakes in the settings, before the backend loads
+    settings, status = cli.checked(args)  # so do mistakes in the settings, before the backend loads
     if status is not None:
         return status
     with cli.quiet_backend_start(enabled=not args.verbose):
         spec.loader.exec_module(package)  # the library: Keras and the backend
-    return cli.run(args)
+    return cli.run(args, settings)
 
 
 if __name__ == "__main__":

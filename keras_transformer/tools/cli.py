@@ -62,33 +62,32 @@ def _print_error(args, error) -> None:
 def check(args) -> int | None:
     """Check a parsed command's settings before any backend loads (values that depend on
     each other, output paths that are taken): `None` when they are good, else 2 after one
-    `error:` line. `run` checks too; the installed command checks first, so that such a
-    mistake is reported in a fraction of a second."""
-    try:
-        _settings(args)
-    except (RunError, RunDirError) as e:
-        _print_error(args, e)
-        return 2
-    return None
+    `error:` line."""
+    return checked(args)[1]
 
 
-def _settings(args) -> argparse.Namespace:
-    """The parsed flags and what the command's `check(args)` derives from them (a dict: a
-    `TrainConfig`, an output path), as the namespace its handler gets. The parsed one is
-    not changed."""
+def checked(args) -> tuple[argparse.Namespace | None, int | None]:
+    """`(settings, None)`: the parsed flags and what the command's `check(args)` derives
+    from them (a dict: a `TrainConfig`, an output path), as the namespace its handler
+    gets; or `(None, 2)` after one `error:` line. The parsed namespace is not changed."""
     checker = getattr(args, "check", None)
-    derived = checker(args) if checker is not None else None
-    return argparse.Namespace(**{**vars(args), **(derived or {})})
-
-
-def run(args) -> int:
-    """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
-    the input, 1 with a traceback for anything unexpected."""
     try:
-        settings = _settings(args)
+        derived = checker(args) if checker is not None else None
     except (RunError, RunDirError) as e:
         _print_error(args, e)
-        return 2
+        return None, 2
+    return argparse.Namespace(**{**vars(args), **(derived or {})}), None
+
+
+def run(args, settings: argparse.Namespace | None = None) -> int:
+    """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
+    the input, 1 with a traceback for anything unexpected. `settings` is what `checked(args)`
+    gave, when the caller checked already (the installed command checks before the backend
+    loads, so that a mistake is reported in a fraction of a second)."""
+    if settings is None:
+        settings, status = checked(args)
+        if status is not None:
+            return status
     if getattr(args, "claims_argv", None) is not None:
         return commands.claims.run(args.command, args.claims_argv)
     from keras_transformer.tools.text.corpora import CorpusError
