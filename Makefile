@@ -56,7 +56,7 @@ bench: install
 	$(PIP_INSTALL) -e '.[bench]'
 	$(PY) benchmarks/decode.py
 	$(PY) benchmarks/train_throughput.py
-	$(PY) benchmarks/table1.py
+	$(PY) -m claims
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache site

@@ -1,17 +1,19 @@
 """Table 1 and the design notes: the measurements, kept small enough for CI.
 
-The full measurement (`keras-transformer table1`, `keras-transformer design-notes`)
-runs on demand; these tests check that what it measures is right at small sizes.
+The full measurement (`python -m claims`, from a checkout: research code beside the
+library, not installed with it) runs on demand; these tests check that what it measures is right at small sizes.
 """
 
 import json
 import math
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from keras_transformer.tools import cli
-from keras_transformer.claims import measure, notes, table1
+from claims import measure, notes, table1
 from tests.conftest import BACKEND
 
 JAX_ONLY = pytest.mark.skipif(
@@ -110,8 +112,11 @@ def test_copy_model_refuses_unknown_positions():
         notes.CopyModel(16, 8, "rotary", max_positions=8)
 
 
-def test_cli_forwards_to_the_measurement(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["table1", "--help"])
-    assert exit_info.value.code == 0
-    assert "--quick" in capsys.readouterr().out
+def test_the_measurements_run_from_a_checkout_and_write_beside_the_benchmarks():
+    root = pathlib.Path(__file__).parent.parent
+    for module in ("claims.table1", "claims.notes"):
+        result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=root,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.startswith(f"usage: python -m {module}") and "--quick" in result.stdout
+    assert measure.RESULTS == root / "benchmarks" / "results" / "claims"

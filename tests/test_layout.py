@@ -18,7 +18,7 @@ import keras_transformer
 import keras_transformer.layers, keras_transformer.models, keras_transformer.decoding
 new = set(sys.modules) - before
 print(sorted({m.split('.')[0] for m in new} & {'tensorflow_text', 'matplotlib', 'sacrebleu', 'tokenizers', 'num2words'}))
-print(sorted(m for m in new if m.startswith(('keras_transformer.tools', 'keras_transformer.claims'))))
+print(sorted(m for m in new if m.startswith(('keras_transformer.tools', 'claims'))))
 print(dict(os.environ) == env)
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

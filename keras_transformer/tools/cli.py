@@ -41,17 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in commands.COMMANDS:
         command.add_parser(sub)
-    commands.claims.add_parser(sub)
     return parser
 
 
 def parse(argv=None):
     """Parse the command line (no backend is imported). `--help` and usage mistakes exit
     here, with status 0 and 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in commands.claims.COMMANDS:  # the measurement scripts parse their own flags
-        return argparse.Namespace(command=argv[0], claims_argv=argv[1:], verbose=True)
-    return build_parser().parse_args(argv)
+    return build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
 
 
 def _print_error(args, error) -> None:
@@ -88,8 +84,6 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         settings, status = checked(args)
         if status is not None:
             return status
-    if getattr(args, "claims_argv", None) is not None:
-        return commands.claims.run(args.command, args.claims_argv)
     from keras_transformer.tools.text.corpora import CorpusError
 
     try:

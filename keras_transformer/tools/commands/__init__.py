@@ -4,9 +4,9 @@ derives from the flags (a dict, or `None`), `run(args)` does the work with the f
 those values in one namespace; no function writes to the parsed flags. Every module imports
 only the settings modules at import time."""
 
-from keras_transformer.tools.commands import claims, demo, evaluate, export, launch, train, translate
+from keras_transformer.tools.commands import demo, evaluate, export, launch, train, translate
 
 # In the order `--help` lists them.
 COMMANDS = (train, launch, evaluate, translate, export, demo)
 
-__all__ = ["COMMANDS", "claims", "demo", "evaluate", "export", "launch", "train", "translate"]
+__all__ = ["COMMANDS", "demo", "evaluate", "export", "launch", "train", "translate"]

@@ -14,7 +14,8 @@
    Transformer, with either encoding, trained to copy sequences of length <= L and
    tested on lengths up to 3L; token accuracy by position. Whatever happens is reported.
 
-Run it with `keras-transformer design-notes` or `python benchmarks/design_notes.py`.
+Run it from a checkout with `python -m claims.notes` (or `python -m claims` for Table 1 and
+the design notes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.claims import measure
+from claims import measure
 from keras_transformer.layers import Decoder, Encoder, SinusoidalPositionalEncoding
 from keras_transformer.ops import scaled_dot_product_attention
 
@@ -282,7 +283,7 @@ def plots(results: dict, output_dir) -> list:
 
 def main(argv=None) -> int:
     return measure.command(
-        argv, prog="keras-transformer design-notes",
+        argv, prog="python -m claims.notes",
         description="Measure the paper's design notes: the 1/sqrt(d_k) scaling, dot-product versus additive "
                     "attention, and sinusoidal versus learned positions on sequences longer than any seen "
                     "in training. Memory is read from XLA, so it is measured on the JAX backend only.",

@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 import keras
 import numpy as np
 
+# Where the measurements write unless told otherwise (the repository's benchmark results).
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "claims"
+
 
 def to_numpy(x) -> np.ndarray:
     """A backend tensor (or anything array-like) as a NumPy array."""
@@ -217,7 +220,7 @@ def command(argv, prog: str, description: str, title: str, stem: str, configs, r
     """
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--output-dir", default="claims", help="Markdown, JSON and PNG plots go here.")
+    parser.add_argument("--output-dir", default=str(RESULTS), help="Markdown, JSON and PNG plots go here.")
     parser.add_argument("--quick", action="store_true", help="Small sizes: seconds instead of minutes.")
     args = parser.parse_args(argv)
     config = configs.quick() if args.quick else configs()

@@ -14,7 +14,8 @@ recurrent layer (LSTM) and 1-D convolutions of the same width d, this measures:
   steps on that chain, counted while the gradient is checked to be non-zero.
 
 Every number in the output comes from the run; only the columns labelled "paper" are
-the paper's. Run it with `keras-transformer table1` or `python benchmarks/table1.py`.
+the paper's. Run it from a checkout with `python -m claims.table1` (or `python -m claims` for
+Table 1 and the design notes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import keras
 import numpy as np
 
-from keras_transformer.claims import measure
+from claims import measure
 from keras_transformer.layers import MultiHeadAttention
 
 KINDS = ("self-attention", "restricted self-attention", "recurrent", "convolution", "dilated convolution")
@@ -293,7 +294,7 @@ def plots(results: dict, output_dir) -> list:
 
 def main(argv=None) -> int:
     return measure.command(
-        argv, prog="keras-transformer table1",
+        argv, prog="python -m claims.table1",
         description="Measure the paper's Table 1 on this machine: cost per layer against n and d, "
                     "sequential operations and maximum path length, for self-attention, restricted "
                     "self-attention, a recurrent layer and convolutions. Peak memory and sequential "

@@ -1,1 +1,0 @@
-"""Measurements of the paper's claims: Table 1 and the design notes."""
