@@ -66,39 +66,17 @@ def _weights(run) -> dict:
         return {k: data[k] for k in data.files if k.startswith("model_")}
 
 
-def test_two_processes_train_like_one_on_the_same_global_batches(tmp_path):
+def test_two_processes_train_like_one_and_a_killed_one_stops_the_other_and_the_launch_resumes(tmp_path):
+    """Two processes started by hand; one is killed once an epoch's state is written: the other
+    stops within 60 s with one line, and the same command under `launch` resumes the run and
+    ends where one process trained on the same global batches ends."""
     steps = ["--steps", "4", "--steps-per-epoch", "1"]
     one = _start(["train", "--output-dir", str(tmp_path / "one"), *FLAGS, *steps])
-    two = _start(["launch", "--processes", "2", "--", "train", "--output-dir", str(tmp_path / "two"), *FLAGS, *steps])
-    for process in (one, two):
-        out, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-3000:]
-    assert len(_losses(tmp_path / "two")) == 4
-    one_weights, two_weights = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    assert one_weights.keys() == two_weights.keys()
-    # One epoch is one step: log.csv holds each step's loss. JAX computes the loss of the
-    # global batch, as one process does; on TensorFlow and PyTorch each process's loss is
-    # its tokens' share of the global batch's mean (the strategy sums them; on PyTorch
-    # scaled by the processes, whose gradients DistributedDataParallel averages).
-    np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=1e-5)
-    # Adam's update is m / (sqrt(v) + 1e-9): a gradient at rounding level (the sums of two
-    # processes are added in another order) still moves a weight by about the learning
-    # rate, ~1e-5 here. A wrong split of the batches moves them by 1e-3 and more.
-    worst = max(float(np.max(np.abs(one_weights[k] - two_weights[k]))) for k in one_weights)
-    assert worst < 1e-4, worst
-    # Only the chief wrote the run directory; the files of a finished run are all there.
-    for name in ("config.json", "tokenizer", "data.json", "model.keras", "metrics.json", "log.csv", "curves.png"):
-        assert (tmp_path / "two" / name).exists(), name
-
-
-def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
-    run, port = tmp_path / "run", cluster.free_port()
-    # Killed as soon as the first epoch's state is written: the second epoch's 20 steps
-    # and the final save take far longer than the 0.05 s the kill may lag.
-    argv = ["train", "--output-dir", str(run), *FLAGS, "--steps", "40", "--steps-per-epoch", "20"]
+    run, port = tmp_path / "two", cluster.free_port()
+    argv = ["train", "--output-dir", str(run), *FLAGS, *steps]
     chief, worker = (_start(argv, _env(i, 2, port)) for i in (0, 1))
     deadline = time.time() + 300
-    while not (run / "state" / "state.npz").exists():  # the first epoch has ended
+    while not (run / "state" / "state.npz").exists():  # an epoch has ended
         assert time.time() < deadline and chief.poll() is None, chief.communicate()[1][-3000:]
         time.sleep(0.05)
     os.kill(worker.pid, signal.SIGKILL)
@@ -112,10 +90,26 @@ def test_a_killed_process_stops_the_other_and_the_same_launch_resumes(tmp_path):
     assert not (run / "metrics.json").exists()
 
     relaunch = _start(["launch", "--processes", "2", "--", *argv])
-    out, err = relaunch.communicate(timeout=600)
-    assert relaunch.returncode == 0, err[-3000:]
-    assert "resuming" in out and len(_losses(run)) == 2
-    assert (run / "model.keras").is_file() and (run / "metrics.json").is_file()
+    outputs = [process.communicate(timeout=600) for process in (relaunch, one)]
+    for process, (_, err) in zip((relaunch, one), outputs):
+        assert process.returncode == 0, err[-3000:]
+    assert "resuming" in outputs[0][0]
+    assert len(_losses(run)) == 4
+    one_weights, two_weights = _weights(tmp_path / "one"), _weights(run)
+    assert one_weights.keys() == two_weights.keys()
+    # One epoch is one step: log.csv holds each step's loss. JAX computes the loss of the
+    # global batch, as one process does; on TensorFlow and PyTorch each process's loss is
+    # its tokens' share of the global batch's mean (the strategy sums them; on PyTorch
+    # scaled by the processes, whose gradients DistributedDataParallel averages).
+    np.testing.assert_allclose(_losses(run), _losses(tmp_path / "one"), rtol=1e-5)
+    # Adam's update is m / (sqrt(v) + 1e-9): a gradient at rounding level (the sums of two
+    # processes are added in another order) still moves a weight by about the learning
+    # rate, ~1e-5 here. A wrong split of the batches moves them by 1e-3 and more.
+    worst = max(float(np.max(np.abs(one_weights[k] - two_weights[k]))) for k in one_weights)
+    assert worst < 1e-4, worst
+    # Only the chief wrote the run directory; the files of a finished run are all there.
+    for name in ("config.json", "tokenizer", "data.json", "model.keras", "metrics.json", "log.csv", "curves.png"):
+        assert (run / name).exists(), name
 
 
 def test_processes_that_disagree_are_refused_before_training(tmp_path):

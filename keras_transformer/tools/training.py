@@ -175,7 +175,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
     if initial_epoch and cluster.chief:
-        print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}", flush=True)
+        print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch} (reading past the "
+              "batches trained already first)", flush=True)
 
     shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
                   devices_per_shard=distributed_fit.devices_per_process(cluster))
@@ -183,6 +184,10 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         corpus.train, tokenizer, config.batch_tokens, config.max_length,
         shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
     )
+    # A resumed run reads on from the batch where it stopped, as if it had never stopped: the
+    # stream is the same (one seed), and the batches trained already are read past, not trained.
+    batches_per_epoch = config.steps_per_epoch * config.accumulate_steps
+    train_data = train_data.skip(initial_epoch * batches_per_epoch)
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
     ) if corpus.validation else None
@@ -197,7 +202,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     interruptible, best, last, callbacks = _callbacks(
         config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator)
     # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
-    fit = dict(steps_per_epoch=config.steps_per_epoch * config.accumulate_steps, epochs=epochs,
+    fit = dict(steps_per_epoch=batches_per_epoch, epochs=epochs,
                initial_epoch=initial_epoch, validation_data=validation_data, callbacks=callbacks,
                verbose=verbose if cluster.chief else 0)
     start = time.time()
