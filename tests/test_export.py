@@ -62,7 +62,8 @@ def test_a_model_with_other_special_ids_trains_and_translates(trained):
 
 
 def _serve(path, texts):
-    return {name: saved_model_client.translate(path, texts, name) for name in saved_model_client.SIGNATURES}
+    translator = saved_model_client.load(path)
+    return {name: saved_model_client.translate(translator, texts, name) for name in saved_model_client.SIGNATURES}
 
 
 def _library_translations(model, tokenizer, texts):
@@ -82,20 +83,17 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     long_input = " ".join(s for s, _ in corpus.test[:4])  # longer than any training sentence
     texts = [s for s, _ in corpus.test[:5]] + ["", long_input]
 
-    def serve(texts):
-        if keras.backend.backend() != "tensorflow":
-            # Exported by a TensorFlow child process already (`export_translator` on JAX and
-            # PyTorch); loaded here with TensorFlow's own API.
-            return _serve(path, texts)
+    if keras.backend.backend() != "tensorflow":
+        # Exported by a TensorFlow child process already (`export_translator` on JAX and
+        # PyTorch); loaded here with TensorFlow's own API.
+        served = _serve(path, texts)
+    else:
         # Exported in this process: loaded in another, which never imports keras_transformer.
         result = subprocess.run([sys.executable, saved_model_client.__file__, str(path), json.dumps(texts)],
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         served = json.loads(result.stdout.strip().splitlines()[-1])
         assert served["imported_keras_transformer"] is False
-        return served
-
-    served = serve(texts)
     assert served["translate"] == served["serving_default"]
     translations = served["translate"]
     assert translations[5] == ""  # empty in, empty out
@@ -104,7 +102,7 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     assert translations[:5] == expected
     # Without the long input, the batch is narrower: its first search is shorter, and the
     # full one runs only if that did not end in time. The same translations either way.
-    assert serve(texts[:5])["translate"] == expected
+    assert _serve(path, texts[:5])["translate"] == expected
 
 
 def test_vocabulary_or_special_id_mismatch_is_refused(trained, tmp_path):

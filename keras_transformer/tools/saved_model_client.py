@@ -17,19 +17,29 @@ import sys
 SIGNATURES = ("translate", "serving_default")
 
 
-def translate(saved_model, texts, signature: str = "translate") -> list[str]:
-    """The SavedModel's translations of `texts` (a list of strings) by `signature`."""
+def load(saved_model):
+    """The exported translator at the path `saved_model`: load it once, translate with it
+    many times (from any number of threads)."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 - registers the tokenizer's ops
 
-    translator = tf.saved_model.load(str(saved_model))
+    return tf.saved_model.load(str(saved_model))
+
+
+def translate(saved_model, texts, signature: str = "translate") -> list[str]:
+    """The translations of `texts` (a list of strings) by `signature`; `saved_model` is what
+    `load` returned, or a path to load it from."""
+    import tensorflow as tf
+
+    translator = saved_model if hasattr(saved_model, "signatures") else load(saved_model)
     outputs = translator.signatures[signature](texts=tf.constant(list(texts), tf.string))["translation"]
     return [t.decode("utf-8") for t in outputs.numpy()]
 
 
 def main(argv=None) -> int:
-    saved_model, texts = (sys.argv[1:] if argv is None else argv)[:2]
-    result = {name: translate(saved_model, json.loads(texts), name) for name in SIGNATURES}
+    path, texts = (sys.argv[1:] if argv is None else argv)[:2]
+    translator = load(path)
+    result = {name: translate(translator, json.loads(texts), name) for name in SIGNATURES}
     result["imported_keras_transformer"] = "keras_transformer" in sys.modules
     print(json.dumps(result, ensure_ascii=False))
     return 0
