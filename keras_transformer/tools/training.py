@@ -158,9 +158,26 @@ def _facts(config: TrainConfig, corpus) -> dict:
             "the backend and versions": versions}
 
 
-def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster) -> dict:
+def _datasets(config, corpus, tokenizer, cluster, initial_epoch: int):
+    """`(train, validation)`: this process's slice of every global batch. A resumed run reads
+    on from the batch where it stopped, as if it had never stopped: the shuffled stream is the
+    same at every start (one seed), and the batches trained already are read past, not trained."""
     from keras_transformer.tools.text.datasets import make_dataset
 
+    shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
+                  devices_per_shard=distributed_fit.devices_per_process(cluster))
+    train_data = make_dataset(
+        corpus.train, tokenizer, config.batch_tokens, config.max_length,
+        shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
+    )
+    train_data = train_data.skip(initial_epoch * config.steps_per_epoch * config.accumulate_steps)
+    validation_data = make_dataset(
+        corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
+    ) if corpus.validation else None
+    return train_data, validation_data
+
+
+def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster) -> dict:
     keras.utils.set_random_seed(config.seed)
     distributed_fit.set_data_parallel(cluster)
     with distributed_fit.scope(cluster):
@@ -178,19 +195,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch} (reading past the "
               "batches trained already first)", flush=True)
 
-    shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
-                  devices_per_shard=distributed_fit.devices_per_process(cluster))
-    train_data = make_dataset(
-        corpus.train, tokenizer, config.batch_tokens, config.max_length,
-        shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
-    )
-    # A resumed run reads on from the batch where it stopped, as if it had never stopped: the
-    # stream is the same (one seed), and the batches trained already are read past, not trained.
+    train_data, validation_data = _datasets(config, corpus, tokenizer, cluster, initial_epoch)
     batches_per_epoch = config.steps_per_epoch * config.accumulate_steps
-    train_data = train_data.skip(initial_epoch * batches_per_epoch)
-    validation_data = make_dataset(
-        corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
-    ) if corpus.validation else None
 
     local_model = distributed_fit.LocalCopy(cluster, model, lambda: build_model(config, tokenizer))  # the chief's, alone
 
