@@ -1,7 +1,8 @@
 """Table 1 and the design notes: the measurements, kept small enough for CI.
 
 The full measurement (`python -m claims`, from a checkout: research code beside the
-library, not installed with it) runs on demand; these tests check that what it measures is right at small sizes.
+library, not installed with it) runs on demand; these tests check that what it measures
+is right at small sizes.
 """
 
 import json

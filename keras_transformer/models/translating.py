@@ -24,7 +24,6 @@ def first_search_length(source_length):
     return source_length + ops.maximum(16, source_length // 2)
 
 
-
 class Translating:
     """`search` and `translate` for `Transformer` (see there)."""
 

@@ -158,10 +158,10 @@ def _facts(config: TrainConfig, corpus) -> dict:
             "the backend and versions": versions}
 
 
-def _datasets(config, corpus, tokenizer, cluster, initial_epoch: int):
+def _datasets(config, corpus, tokenizer, cluster, trained_batches: int):
     """`(train, validation)`: this process's slice of every global batch. A resumed run reads
     on from the batch where it stopped, as if it had never stopped: the shuffled stream is the
-    same at every start (one seed), and the batches trained already are read past, not trained."""
+    same at every start (one seed), and the `trained_batches` already trained are read past."""
     from keras_transformer.tools.text.datasets import make_dataset
 
     shards = dict(num_shards=cluster.num_processes, shard_index=cluster.process_id,
@@ -170,7 +170,7 @@ def _datasets(config, corpus, tokenizer, cluster, initial_epoch: int):
         corpus.train, tokenizer, config.batch_tokens, config.max_length,
         shuffle=True, repeat=True, drop_remainder=True, seed=config.seed, **shards,
     )
-    train_data = train_data.skip(initial_epoch * config.steps_per_epoch * config.accumulate_steps)
+    train_data = train_data.skip(trained_batches)
     validation_data = make_dataset(
         corpus.validation, tokenizer, config.batch_tokens, config.max_length, shuffle=False, **shards,
     ) if corpus.validation else None
@@ -191,12 +191,15 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     epochs = math.ceil(config.steps / config.steps_per_epoch)
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
-    if initial_epoch and cluster.chief:
-        print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch} (reading past the "
-              "batches trained already first)", flush=True)
-
-    train_data, validation_data = _datasets(config, corpus, tokenizer, cluster, initial_epoch)
+    # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches. A run
+    # that stopped trains no further: it reads no batch, so none is read past.
     batches_per_epoch = config.steps_per_epoch * config.accumulate_steps
+    trained_batches = initial_epoch * batches_per_epoch if epochs > initial_epoch else 0
+    if initial_epoch and cluster.chief:
+        print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}"
+              + (" (reading past the batches trained already first)" if trained_batches else ""), flush=True)
+
+    train_data, validation_data = _datasets(config, corpus, tokenizer, cluster, trained_batches)
 
     local_model = distributed_fit.LocalCopy(cluster, model, lambda: build_model(config, tokenizer))  # the chief's, alone
 
@@ -207,7 +210,6 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
 
     interruptible, best, last, callbacks = _callbacks(
         config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator)
-    # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches.
     fit = dict(steps_per_epoch=batches_per_epoch, epochs=epochs,
                initial_epoch=initial_epoch, validation_data=validation_data, callbacks=callbacks,
                verbose=verbose if cluster.chief else 0)
