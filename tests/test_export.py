@@ -10,6 +10,7 @@ model and the tokenizer rather than from constants."""
 import json
 import subprocess
 import sys
+import threading
 
 import keras
 import pytest
@@ -103,6 +104,31 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     # Without the long input, the batch is narrower: its first search is shorter, and the
     # full one runs only if that did not end in time. The same translations either way.
     assert _serve(path, texts[:5])["translate"] == expected
+
+
+def test_one_loaded_translator_serves_several_threads(trained, tmp_path):
+    model, tokenizer, corpus = trained
+    path = kt.export.export_translator(model, tokenizer, tmp_path / "translator")
+    translator = saved_model_client.load(path)  # loaded once, as a server would
+    batches = [[s for s, _ in corpus.test[i:i + 3]] for i in range(0, 12, 3)]
+    alone = [saved_model_client.translate(translator, batch) for batch in batches]
+    start, results, errors = threading.Barrier(4), {}, []
+
+    def work(i):
+        start.wait()
+        try:
+            results[i] = [saved_model_client.translate(translator, batches[(i + k) % 4]) for k in range(5)]
+        except Exception as e:  # noqa: BLE001 - every error is reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for i in range(4):
+        assert results[i] == [alone[(i + k) % 4] for k in range(5)], i
 
 
 def test_vocabulary_or_special_id_mismatch_is_refused(trained, tmp_path):
