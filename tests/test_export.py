@@ -78,9 +78,17 @@ def _library_translations(model, tokenizer, texts):
     return out
 
 
-def test_saved_model_translates_like_the_library(trained, tmp_path):
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    """The trained model's SavedModel, exported once for the tests that serve it (on JAX
+    and PyTorch each export is a TensorFlow child process)."""
+    model, tokenizer, _ = trained
+    return kt.export.export_translator(model, tokenizer, tmp_path_factory.mktemp("export") / "translator")
+
+
+def test_saved_model_translates_like_the_library(trained, exported):
     model, tokenizer, corpus = trained
-    path = kt.export.export_translator(model, tokenizer, tmp_path / "translator")
+    path = exported
     long_input = " ".join(s for s, _ in corpus.test[:4])  # longer than any training sentence
     texts = [s for s, _ in corpus.test[:5]] + ["", long_input]
 
@@ -106,10 +114,9 @@ def test_saved_model_translates_like_the_library(trained, tmp_path):
     assert _serve(path, texts[:5])["translate"] == expected
 
 
-def test_one_loaded_translator_serves_several_threads(trained, tmp_path):
-    model, tokenizer, corpus = trained
-    path = kt.export.export_translator(model, tokenizer, tmp_path / "translator")
-    translator = saved_model_client.load(path)  # loaded once, as a server would
+def test_one_loaded_translator_serves_several_threads(trained, exported):
+    _, _, corpus = trained
+    translator = saved_model_client.load(exported)  # loaded once, as a server would
     batches = [[s for s, _ in corpus.test[i:i + 3]] for i in range(0, 12, 3)]
     alone = [saved_model_client.translate(translator, batch) for batch in batches]
     start, results, errors = threading.Barrier(4), {}, []

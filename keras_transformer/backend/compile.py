@@ -3,7 +3,7 @@
 * JAX: `jax.jit` of a stateless version of the function: the variables' current values
   are arguments, not constants baked into the program, so weights changed after
   compilation (more training, a loaded checkpoint) are used.
-* TensorFlow: `tf.function(jit_compile=True)`; variables are read at run time.
+* TensorFlow: `tf.function(jit_compile=True, autograph=False)`; variables are read at run time.
 * PyTorch: `keras_transformer.backend.torch_decoding.ExportedSearch` (`torch.export`;
   with `mode="torch.compile"`, its programs also go through `torch.compile`).
 
@@ -68,7 +68,9 @@ def _compiled(search, variables, mode, backend):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(search, jit_compile=True, reduce_retracing=True)
+        # No AutoGraph: the search is written with `keras.ops` loops and conditions, so
+        # converting its Python source (about 1.5 s at a beam search's first call) buys nothing.
+        return tf.function(search, jit_compile=True, reduce_retracing=True, autograph=False)
     if backend == "torch":
         from keras_transformer.backend.torch_decoding import ExportedSearch
 
