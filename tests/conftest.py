@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -104,6 +105,26 @@ def random_ids(rng, batch, length, vocab_size, pad_from=None):
         for b, start in enumerate(pad_from):
             ids[b, start:] = 0
     return ids.astype("int32")
+
+
+def run_in_threads(work, count: int = 4) -> list:
+    """`work(i)` for i in range(count), each in its own thread, all released at once by a
+    barrier. Returns what the threads raised (as `repr`s), so that the test asserts none."""
+    start, errors = threading.Barrier(count), []
+
+    def run(i):
+        start.wait()
+        try:
+            work(i)
+        except Exception as error:  # noqa: BLE001 - returned to the test, which reports every one
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
 
 
 def copy_task(path, size=600):

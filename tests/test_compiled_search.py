@@ -4,7 +4,6 @@ programs exported with `torch.export`): the same tokens as the eager search
 eagerly with one warning when compiling fails. On PyTorch, `jit_compile=True` trains
 eagerly with one warning (Keras' `torch.compile` path is slower than eager here)."""
 
-import threading
 import warnings
 
 import keras
@@ -14,7 +13,7 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.backend.compile import CompileFailedWarning
 from keras_transformer.tools.evaluation import quantize_model
-from tests.conftest import BACKEND, randomize_weights, to_numpy
+from tests.conftest import BACKEND, randomize_weights, run_in_threads, to_numpy
 
 torch_only = pytest.mark.skipif(
     BACKEND != "torch",
@@ -97,23 +96,14 @@ def test_four_threads_translate_with_one_model(beam_size):
     inputs = [SOURCE, SOURCE[::-1].copy(), np.roll(SOURCE, 1, axis=1)]
     expected = [to_numpy(model.translate(x, beam_size, max_length=6, compile=False), "int32") for x in inputs]
     assert not np.array_equal(expected[0], expected[1])  # a mixed-up answer would show
-    start, errors, results = threading.Barrier(4), [], []
+    results = []
 
     def work(worker):
-        start.wait()
         for call in range(20):
             which = (worker + call) % 3
-            try:
-                results.append((which, to_numpy(model.translate(inputs[which], beam_size, max_length=6), "int32")))
-            except Exception as error:  # counted, not raised: every call is checked
-                errors.append(repr(error))
+            results.append((which, to_numpy(model.translate(inputs[which], beam_size, max_length=6), "int32")))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert run_in_threads(work) == []
     assert len(results) == 80
     for which, tokens in results:
         np.testing.assert_array_equal(tokens, expected[which])

@@ -10,7 +10,6 @@ model and the tokenizer rather than from constants."""
 import json
 import subprocess
 import sys
-import threading
 
 import keras
 import pytest
@@ -19,6 +18,7 @@ import keras_transformer as kt
 from keras_transformer.tools import evaluation, saved_model_client
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import make_dataset
+from tests.conftest import run_in_threads
 
 # Not 0, 1, 2, 3: every place that assumed the defaults would go wrong here.
 SPECIAL_IDS = dict(pad_id=5, unk_id=2, start_id=0, end_id=7)
@@ -119,21 +119,12 @@ def test_one_loaded_translator_serves_several_threads(trained, exported):
     translator = saved_model_client.load(exported)  # loaded once, as a server would
     batches = [[s for s, _ in corpus.test[i:i + 3]] for i in range(0, 12, 3)]
     alone = [saved_model_client.translate(translator, batch) for batch in batches]
-    start, results, errors = threading.Barrier(4), {}, []
+    results = {}
 
     def work(i):
-        start.wait()
-        try:
-            results[i] = [saved_model_client.translate(translator, batches[(i + k) % 4]) for k in range(5)]
-        except Exception as e:  # noqa: BLE001 - every error is reported below
-            errors.append(repr(e))
+        results[i] = [saved_model_client.translate(translator, batches[(i + k) % 4]) for k in range(5)]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert run_in_threads(work) == []
     for i in range(4):
         assert results[i] == [alone[(i + k) % 4] for k in range(5)], i
 
