@@ -225,10 +225,13 @@ class TrainConfig:
             raise RunError("; ".join(problems) + ".")
 
     def model_config(self) -> dict:
+        """The `Transformer`'s arguments: the preset's sizes, then every other setting of
+        the model group that is set (not `None`), under its field name."""
         config = dict(PRESETS[self.preset])
-        for key in ("num_layers", "d_model", "num_heads", "d_ff", "dropout"):
-            if getattr(self, key) is not None:
-                config[key] = getattr(self, key)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.metadata["group"] == MODEL and field.name != "preset" and value is not None:
+                config[field.name] = value
         return config
 
     def best_metric(self) -> str:
