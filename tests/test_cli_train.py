@@ -1,6 +1,7 @@
 """`keras-transformer train`: bad input, and a short run killed, resumed and finished."""
 
 import csv
+import dataclasses
 import gzip
 import json
 import re
@@ -116,13 +117,20 @@ def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
 
 
 def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"preset": "base"}))
+    from keras_transformer.tools.commands import train
+
+    # The config of these flags, written by a version without --norm-first, for the base preset.
+    config = train.check(cli.parse(["train", "--output-dir", str(tmp_path), *small, "--steps", "10"]))["config"]
+    saved = {k: v for k, v in dataclasses.asdict(config).items() if k != "norm_first"} | {"preset": "base"}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
     (tmp_path / "precious.txt").write_text("keep me")
     assert _run(tmp_path, small, "--steps", "10") == 2
     err = capsys.readouterr().err
-    assert "different config" in err and "preset: saved 'base', now 'tiny'" in err
+    # Only the setting that differs: one the saved config lacks (added since the run was
+    # written) has its default there, as in every run directory of an older version.
+    assert "different config (preset: saved 'base', now 'tiny')." in err, err
     assert (tmp_path / "precious.txt").read_text() == "keep me"
-    assert json.loads((tmp_path / "config.json").read_text()) == {"preset": "base"}
+    assert json.loads((tmp_path / "config.json").read_text()) == saved
 
 
 # The installed command's code path; prints which backends were imported when it ended.
@@ -192,7 +200,7 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "--output-dir", str(out), "--tsv", copy_task(tmp_path / "copy.tsv"), "--holdout", "20",
             "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "512", "--max-length", "16",
-            "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--quiet",
+            "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--norm-first", "--quiet",
             "--steps", "15", "--steps-per-epoch", "5", "--average-checkpoints", "2"]
     moments = [
         ("config.json", 1),             # the config written, not yet in place
@@ -227,6 +235,7 @@ def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path, capsys):
     data = json.loads((out / "data.json").read_text())
     assert data["train_pairs"] > 400 and data["train_pairs"] + data["train_too_long"] > 500  # (a few longer than 16 pieces)
     model = keras.saving.load_model(out / "model.keras")
+    assert model.norm_first  # a model setting reaches the model, and survives the resumption
     assert model.translate(np.array([[5, 6, 7]], "int32"), beam_size=1, max_length=4).shape == (1, 4)
     with open(out / "log.csv") as f:
         assert len(list(csv.DictReader(f))) >= 3

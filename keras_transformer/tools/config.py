@@ -130,6 +130,10 @@ class TrainConfig:
     num_heads: int | None = _setting(None, "Override the preset's h.", MODEL, type=int)
     d_ff: int | None = _setting(None, "Override the preset's d_ff.", MODEL, type=int)
     dropout: float | None = _setting(None, "Override the preset's P_drop.", MODEL, type=float)
+    norm_first: bool = _setting(
+        False, "Pre-norm: LayerNorm before each sub-layer (x + Sublayer(LayerNorm(x))) and once after each stack, "
+        "instead of the paper's post-norm. Steadier for deep stacks and high learning rates (Xiong et al., "
+        "2020).", MODEL)
     steps: int = _setting(1250, "Total optimizer steps (updates).", TRAINING)
     accumulate_steps: int = _setting(
         1, "Average the gradients of N batches into each update: N times --batch-tokens per step (the paper's "
