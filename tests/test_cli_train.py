@@ -384,6 +384,22 @@ def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path
     assert "only runs trained with --validate-translations keep one" in capsys.readouterr().err
 
 
+def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, capsys):
+    # 6 updates of 2 batches each, 4 updates an epoch: the second epoch is cut short.
+    out, argv = tmp_path / "run", ["--steps", "6", "--steps-per-epoch", "4", "--accumulate-steps", "2"]
+    assert _run(out, small, *argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 6 and "stopped_early" not in metrics, metrics
+    with open(out / "log.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["0", "1"]
+    with np.load(out / "state" / "state.npz") as data:
+        assert int(data["epochs_done"]) == 2 and not bool(data["stopped"])
+    assert len(list((out / "checkpoints").glob("*.npz"))) == 2
+    capsys.readouterr()
+    assert _run(out, small, *argv) == 0
+    assert "finished at step 6 of 6" in capsys.readouterr().out
+
+
 def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, small_tsv, capsys):
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.training import train

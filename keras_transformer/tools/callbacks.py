@@ -19,6 +19,7 @@ from keras_transformer.tools import files
 from keras_transformer.tools.checkpoints import (  # noqa: F401 - the callbacks users import from here
     BestCheckpoints,
     CheckpointAverager,
+    StepBudget,
     TrainingState,
     average_checkpoints,
     request_stop,
@@ -84,18 +85,19 @@ class TrainingCurves(keras.callbacks.Callback):
         steps_per_epoch: Converts the log's epochs into steps on the x axis.
     """
 
-    def __init__(self, csv_path, png_path, steps_per_epoch: int):
+    def __init__(self, csv_path, png_path, steps_per_epoch: int, steps: int | None = None):
         super().__init__()
         self.csv_path = pathlib.Path(csv_path)
         self.png_path = pathlib.Path(png_path)
-        self.steps_per_epoch = steps_per_epoch
+        self.steps_per_epoch, self.steps = steps_per_epoch, steps
 
     def on_train_end(self, logs=None):
-        plot_training_curves(self.csv_path, self.png_path, self.steps_per_epoch)
+        plot_training_curves(self.csv_path, self.png_path, self.steps_per_epoch, self.steps)
 
 
-def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
-    """Write the PNG; return `False` if the log has no rows yet.
+def plot_training_curves(csv_path, png_path, steps_per_epoch: int, steps: int | None = None) -> bool:
+    """Write the PNG; return `False` if the log has no rows yet. `steps`, the run's last
+    step, places a last epoch that `StepBudget` cut short.
 
     Drawn on a `matplotlib.figure.Figure` of its own (saved through the Agg canvas), so
     the process's matplotlib backend and pyplot's figures are left alone."""
@@ -105,7 +107,7 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int) -> bool:
         rows = list(csv.DictReader(f))
     if not rows:
         return False
-    steps = [(int(r["epoch"]) + 1) * steps_per_epoch for r in rows]
+    steps = [min((int(r["epoch"]) + 1) * steps_per_epoch, steps or float("inf")) for r in rows]
     panels = [("loss", ("loss", "val_loss")), ("accuracy", ("accuracy", "val_accuracy"))]
     if "val_bleu" in rows[0]:  # written by TranslationScores
         panels.append(("validation translations", ("val_bleu", "val_chrf", "val_exact_match")))

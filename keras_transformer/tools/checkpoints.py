@@ -100,6 +100,31 @@ def request_stop(model: keras.Model, reason: str) -> None:
     model.stop_reason = reason
 
 
+class StepBudget(keras.callbacks.Callback):
+    """Ends `model.fit` after its `batches`-th batch, counted from the first epoch
+    (`initial_epoch` included), so that a run of `--steps` that are not a whole number of
+    epochs trains exactly that many: the last epoch is cut short, and its end (checkpoint,
+    resumption state, log row) is written as every epoch's is. Counts in Python; reads no
+    device value.
+
+    Args:
+        batches: The run's batches in all: its updates times the batches of each update.
+        batches_per_epoch: `fit`'s `steps_per_epoch`.
+    """
+
+    def __init__(self, batches: int, batches_per_epoch: int):
+        super().__init__()
+        self.batches, self.batches_per_epoch = batches, batches_per_epoch
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._epoch * self.batches_per_epoch + batch + 1 >= self.batches:
+            self.model.stop_training = True  # the budget's end: no reason, not an early stop
+
+
 class TrainingState(keras.callbacks.Callback):
     """Saves everything needed to resume at the end of every epoch: `state.npz`.
 
@@ -128,9 +153,12 @@ class TrainingState(keras.callbacks.Callback):
         optimizer = _weights_dict(self.model.optimizer.variables, _optimizer_names(self.model))
         arrays.update({f"optimizer_{k}": v for k, v in optimizer.items()})
         # A stop asked for by a callback (a target reached) is part of the state: a
-        # resumed run does not train past it.
-        stopped = bool(getattr(self.model, "stop_training", False))
-        reason = getattr(self.model, "stop_reason", None) or "a callback asked to stop"
+        # resumed run does not train past it. In the last epoch, a stop with no reason is
+        # the end of the run's steps (`StepBudget`), not an early one.
+        reason = getattr(self.model, "stop_reason", None)
+        last_epoch = epoch + 1 >= self.params.get("epochs", float("inf"))
+        stopped = bool(getattr(self.model, "stop_training", False)) and (reason is not None or not last_epoch)
+        reason = reason or "a callback asked to stop"
         _save_npz(self.path, epochs_done=np.array(epoch + 1), stopped=np.array(stopped),
                   stop_reason=np.array(reason if stopped else ""), **arrays)
 

@@ -134,7 +134,8 @@ class TrainConfig:
         False, "Pre-norm: LayerNorm before each sub-layer (x + Sublayer(LayerNorm(x))) and once after each stack, "
         "instead of the paper's post-norm. Steadier for deep stacks and high learning rates (Xiong et al., "
         "2020).", MODEL)
-    steps: int = _setting(1250, "Total optimizer steps (updates).", TRAINING)
+    steps: int = _setting(
+        1250, "Total optimizer steps (updates), exactly: a last epoch past them is cut short.", TRAINING)
     accumulate_steps: int = _setting(
         1, "Average the gradients of N batches into each update: N times --batch-tokens per step (the paper's "
         "~25,000 target tokens on small hardware).", TRAINING, metavar="N")

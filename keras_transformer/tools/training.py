@@ -256,7 +256,10 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, 
     metrics averaged over the processes (PyTorch) and the chief's decision to stop."""
     # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
     interruptible = kt_callbacks.Interruptible()
-    callbacks, best, last = [interruptible], None, None
+    # Then the end of the run's steps, in every process: the last epoch may be cut short.
+    budget = kt_callbacks.StepBudget(config.steps * config.accumulate_steps,
+                                     config.steps_per_epoch * config.accumulate_steps)
+    callbacks, best, last = [interruptible, budget], None, None
     shared = [kt_callbacks.SharedStop(cluster, collectives.stop_together)] if cluster.distributed else []
     if cluster.distributed:
         callbacks.append(kt_callbacks.SharedLogs(cluster, collectives.average))
@@ -281,7 +284,8 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, 
         keras.callbacks.CSVLogger(str(output_dir / "log.csv"), append=True),
         keras.callbacks.TensorBoard(str(output_dir / "tensorboard"), write_graph=False),
         last,
-        kt_callbacks.TrainingCurves(output_dir / "log.csv", output_dir / "curves.png", config.steps_per_epoch),
+        kt_callbacks.TrainingCurves(output_dir / "log.csv", output_dir / "curves.png", config.steps_per_epoch,
+                                    config.steps),
         *extra_callbacks,
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
