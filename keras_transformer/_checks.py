@@ -3,6 +3,9 @@ rule, one wording. `where` names the object that refuses (`"Layer 'encoder': "`)
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
     """Refuse any value that is not an integer >= 1 (`None` passes when `optional`)."""
@@ -19,6 +22,14 @@ def rates(where: str = "", **values) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
             raise ValueError(f"{where}`{name}` must be in [0, 1). Received: {name}={value!r}")
+
+
+def finite(where: str = "", **values) -> None:
+    """Refuse any value that is not a finite real number (a NaN or infinite length
+    penalty would score every hypothesis NaN, and the search would return any of them)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"{where}`{name}` must be a finite number. Received: {name}={value!r}")
 
 
 def beam(beam_size, num_hypotheses) -> None:

@@ -172,6 +172,7 @@ def beam_search(
         With `return_complete=True`, `(tokens, scores, complete)`.
     """
     _checks.beam(beam_size, num_hypotheses)
+    _checks.finite(length_penalty_alpha=length_penalty_alpha)
     k = beam_size
     alpha = float(length_penalty_alpha)
     banned = _Banned(start_id, end_id, pad_id, min_length)

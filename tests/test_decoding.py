@@ -149,6 +149,11 @@ def test_bad_arguments():
         model.translate(_source().astype("float32"), beam_size=1)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
         model.translate(_source()[0])
+    for alpha in (float("nan"), float("inf"), "0.6"):
+        with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
+            model.translate(_source(), length_penalty=alpha)
+    with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):
+        decoding.beam_search(lambda *a: None, {}, 1, 3, start_id=2, end_id=3, pad_id=0, length_penalty_alpha=float("nan"))
 
 
 def test_compiled_searches_are_bounded_and_owned_by_the_model():

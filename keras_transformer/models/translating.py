@@ -132,6 +132,7 @@ class Translating:
             best first, and `(B, n)` scores.
         """
         _checks.beam(beam_size, num_hypotheses)
+        _checks.finite(length_penalty=length_penalty)
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")

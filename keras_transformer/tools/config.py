@@ -4,12 +4,20 @@ reads the defaults for `--help` and checks every flag before anything is loaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from typing import Callable
 
 from keras_transformer.defaults import PRESETS, VALIDATION_BEAM_SIZE
 
 MIXED_PRECISION = ("bfloat16", "float16")
+# The range of each real-valued setting: (as `--help` and the errors say it, test).
+REAL_RANGES = {
+    "learning_rate_scale": ("> 0", lambda v: v > 0),
+    "label_smoothing": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "dropout": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "stop_at_exact_match": ("in (0, 1]", lambda v: 0 < v <= 1),
+}
 
 
 class RunError(Exception):
@@ -202,9 +210,7 @@ class TrainConfig:
         need(self.max_length != 1, "--max-length must be >= 2 (a token and [END]); got 1")
         need(self.batch_tokens >= self.max_length,
              f"--batch-tokens ({self.batch_tokens}) must be >= --max-length ({self.max_length})")
-        need(self.learning_rate_scale > 0, f"--learning-rate-scale must be > 0; got {self.learning_rate_scale}")
-        need(0 <= self.label_smoothing < 1, f"--label-smoothing must be in [0, 1); got {self.label_smoothing}")
-        need(self.dropout is None or 0 <= self.dropout < 1, f"--dropout must be in [0, 1); got {self.dropout}")
+        problems.extend(self._real_number_problems())
         need(self.validate_translations >= 0, f"--validate-translations must be >= 0; got {self.validate_translations}")
         need(self.average_from in ("last", "best"), f"--average-from must be last or best; got {self.average_from!r}")
         need(self.mixed_precision in (None, *MIXED_PRECISION),
@@ -215,8 +221,6 @@ class TrainConfig:
                 need(self.validate_translations > 0, f"{flag} needs --validate-translations N > 0 (it ranks epochs "
                                                      "by their validation BLEU)")
         if self.stop_at_exact_match is not None:
-            need(0 < self.stop_at_exact_match <= 1,
-                 f"--stop-at-exact-match must be in (0, 1]; got {self.stop_at_exact_match}")
             need(self.validate_translations > 0, "--stop-at-exact-match needs --validate-translations N > 0")
         need(self.stop_checks <= 1 or self.stop_at_exact_match is not None,
              f"--stop-checks {self.stop_checks} needs --stop-at-exact-match")
@@ -228,6 +232,18 @@ class TrainConfig:
                 )
         if problems:
             raise RunError("; ".join(problems) + ".")
+
+    def _real_number_problems(self) -> list:
+        """Each NaN or infinite setting, once ("nan" and "inf" parse as floats), then the
+        settings outside their range (`REAL_RANGES`)."""
+        infinite = sorted(f.name for f in dataclasses.fields(self)
+                          if isinstance(getattr(self, f.name), float) and not math.isfinite(getattr(self, f.name)))
+        problems = [f"--{_flag(name)} must be a finite number; got {getattr(self, name)}" for name in infinite]
+        for name, (text, ok) in REAL_RANGES.items():
+            value = getattr(self, name)
+            if value is not None and name not in infinite and not ok(value):
+                problems.append(f"--{_flag(name)} must be {text}; got {value}")
+        return problems
 
     def model_config(self) -> dict:
         """The `Transformer`'s arguments: the preset's sizes, then every other setting of

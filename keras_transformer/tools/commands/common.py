@@ -4,6 +4,7 @@ of flag values, Keras' verbosity. Imports no backend."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, QUANTIZE_MODES
@@ -44,8 +45,9 @@ def at_least(minimum, kind=int):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        if not math.isfinite(value) or value < minimum:  # "nan" and "inf" parse as floats
+            finite = "a finite number " if kind is float else ""
+            raise argparse.ArgumentTypeError(f"must be {finite}>= {minimum}, got {text}")
         return value
 
     return convert
