@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -99,6 +100,24 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
         assert re.search(message, capsys.readouterr().err)
         assert (_snapshot(out) if out.is_dir() else out.read_bytes()) == before
     assert (foreign / "x.tmp").is_dir()
+
+
+def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    run = str(tmp_path / "no_run")  # the outputs are checked before the run is read
+    for argv in (["train", "--output-dir", str(a_file / "run"), "--steps", "1"],
+                 ["demo", "--output-dir", str(a_file / "demo")],
+                 ["translate", "--run-dir", run, "--output", str(a_file / "out.txt"), "x"],
+                 ["export", "--run-dir", run, "--output", str(a_file / "saved")]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{a_file} is a file, not a directory; give another" in err, (argv, err)
+    assert a_file.read_text() == "mine"
+    # A folder this user may not write in (tests run as root, which may write anywhere).
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: False)
+    assert cli.main(["train", "--output-dir", str(tmp_path / "new" / "run"), "--steps", "1"]) == 2
+    assert f"{tmp_path} is not writable by this user" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -221,6 +221,28 @@ def test_the_chief_refuses_a_port_in_use():
         assert cluster.from_environment("jax", cluster.launch_environment("jax", 2, 1, port)).process_id == 1
 
 
+def test_launch_refuses_a_port_out_of_range_or_in_use_once_before_starting(monkeypatch, capsys):
+    from keras_transformer.tools import cli
+
+    def launch(port, backend="jax"):
+        monkeypatch.setenv("KERAS_BACKEND", backend)
+        assert cli.main(["launch", "--processes", "2", "--port", str(port), "--", "train"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    assert "--port must be in [1, 65535]; got 70000." in launch(70000)
+    # TensorFlow's second worker would listen on 65536.
+    assert "--port must be in [1, 65534] (each TensorFlow worker listens on the next port); got 65535" in launch(
+        65535, "tensorflow")
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert f"localhost:{port} (--port) cannot be used" in launch(port)
+        assert f"localhost:{port} (--port) cannot be used" in launch(port - 1, "tensorflow")
+
+
 def test_a_bad_cluster_setting_exits_2_before_any_backend_loads(tmp_path):
     from tests.test_cli_train import LAUNCHER
 

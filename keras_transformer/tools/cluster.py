@@ -148,6 +148,17 @@ def _check_address(address: str | None, name: str, listen: bool) -> None:
                                    "Choose a free port.") from None
 
 
+def check_launch_port(backend: str, num_processes: int, port: int) -> None:
+    """Refuse a `launch --port` out of range or in use on this machine (TensorFlow's
+    workers listen on the ports after it too), once, before any process starts."""
+    ports = range(port, port + (num_processes if backend == "tensorflow" else 1))
+    if ports[-1] > 65535:
+        workers = " (each TensorFlow worker listens on the next port)" if len(ports) > 1 else ""
+        raise ClusterError(f"--port must be in [1, {65536 - len(ports)}]{workers}; got {port}.")
+    for each in ports:
+        _check_address(f"localhost:{each}", "--port", listen=True)
+
+
 def free_port(count: int = 1) -> int:
     """A TCP port nothing listens on now (for a launch on this machine); with `count`, the
     first of that many consecutive free ports (TensorFlow's workers each listen on one)."""

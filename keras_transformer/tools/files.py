@@ -74,6 +74,20 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     return model_file
 
 
+def creation_problem(path) -> str | None:
+    """Why this process cannot write `path` (a file or folder, with the folders above it
+    that are missing): a file where a folder must be, or a folder it may not write in;
+    `None` when nothing is in the way. What `path` itself is, its callers check."""
+    path = pathlib.Path(path).absolute()
+    place = next(p for p in (path, *path.parents) if os.path.exists(p))  # the nearest that exists
+    if place != path and not os.path.isdir(place):
+        return f"{place} is a file, not a directory"
+    folder = place if os.path.isdir(place) else place.parent  # a file is replaced beside itself
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable by this user"
+    return None
+
+
 def temporary_path(path) -> pathlib.Path:
     """The temporary name a write to `path` uses: `checkpoint.tmp.npz` for `checkpoint.npz`."""
     path = pathlib.Path(path)

@@ -56,6 +56,9 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     a run, or a run with a different config; return whether a run is there to resume."""
     if directory.exists() and not directory.is_dir():
         raise RunError(f"--output-dir {directory} is a file, not a directory.")
+    problem = files.creation_problem(directory)
+    if problem:
+        raise RunError(f"--output-dir {directory}: {problem}.")
     config_file = directory / "config.json"
     if not config_file.exists():
         foreign = sorted(set(os.listdir(directory)) - _own_names()) if directory.is_dir() else []

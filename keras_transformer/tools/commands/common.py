@@ -20,6 +20,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def check_writable(flag: str, path) -> None:
+    """Refuse an output path this process cannot write (`files.creation_problem`), before
+    anything is loaded."""
+    from keras_transformer.tools.config import RunError
+    from keras_transformer.tools.files import creation_problem
+
+    problem = creation_problem(path)
+    if problem:
+        raise RunError(f"{flag} {path}: {problem}; give another {flag}")
+
+
 def add_command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """A sub-command's parser, its defaults shown in --help."""
     return sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter)

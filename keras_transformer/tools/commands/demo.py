@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 
-from keras_transformer.tools.commands.common import add_command, at_least, fit_verbosity
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
 from keras_transformer.tools.commands.export import serving_instructions
 from keras_transformer.tools.config import TrainConfig
 
@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=at_least(1), help="Training steps, for a quick look. [default: as `train`]")
     p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, check=check)
+
+
+def check(args) -> None:
+    check_writable("--output-dir", args.output_dir)
 
 
 DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.tools.commands.common import add_command, decoding_flags, quantize_flag, run_dir_flag
+from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
+                                                      run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file, tokenizer_kind
 
@@ -38,6 +39,7 @@ def check(args) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
         raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
+    check_writable("--output", args.output)
     if args.format != "ctranslate2":
         if args.quantization is not None:
             raise RunError("--quantization applies to --format ctranslate2 only (--quantize int8 quantizes the "

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from keras_transformer.tools.cluster import free_port, launch_environment
+from keras_transformer.tools.cluster import check_launch_port, free_port, launch_environment
 from keras_transformer.tools.commands.common import add_command, at_least
 from keras_transformer.tools.config import RunError
 
@@ -47,7 +47,10 @@ def check(args) -> dict:
     command = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv
     if command[:1] != ["train"]:
         raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
-    return {"child_argv": command, "backend": os.environ.get("KERAS_BACKEND", "tensorflow")}
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if args.port is not None:
+        check_launch_port(backend, args.processes, args.port)
+    return {"child_argv": command, "backend": backend}
 
 
 def run(args) -> int:

@@ -7,7 +7,7 @@ import os
 import pathlib
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
-from keras_transformer.tools.commands.common import add_command, at_least, fit_verbosity
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
 from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import lock_held
 
@@ -69,6 +69,7 @@ def check(args) -> dict:
     values.update(corpus=corpus, steps=steps)
     config = TrainConfig(**values)
     config.validate()
+    check_writable("--output-dir", args.output_dir)
     # A process of a multi-process run: its settings, from its launcher's variables.
     cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
     if cluster.chief and lock_held(pathlib.Path(args.output_dir) / "train.lock"):

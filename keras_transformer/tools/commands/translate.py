@@ -6,8 +6,8 @@ import os
 import pathlib
 import sys
 
-from keras_transformer.tools.commands.common import (add_command, at_least, decoding_flags, fit_verbosity, quantize_flag,
-                                                      run_dir_flag)
+from keras_transformer.tools.commands.common import (add_command, at_least, check_writable, decoding_flags,
+                                                      fit_verbosity, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file
 
@@ -43,6 +43,8 @@ def check(args) -> dict:
     output = pathlib.Path(args.output) if args.output else None
     if output is not None and output.is_dir():
         raise RunError(f"--output {output} is a directory, not a file")
+    if output is not None:
+        check_writable("--output", output)
     if output is not None and args.input and _same_file(args.input, output):
         raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
                        "there would replace the sentences. Give another --output")
