@@ -231,6 +231,14 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     a_file.write_text("mine")
     assert cli.main(["export", "--run-dir", run, "--output", str(a_file)]) == 2
     assert a_file.read_text() == "mine"
+    # The export replaces its directory as a whole: only an earlier SavedModel may be there.
+    capsys.readouterr()
+    assert cli.main(["export", "--run-dir", run, "--output", str(tmp_path)]) == 2
+    assert f"--output {tmp_path} holds files that are not a savedmodel export (a_file, empty.txt)" in capsys.readouterr().err
+    assert a_file.read_text() == "mine"
+    from keras_transformer.tools.commands import export
+
+    assert export.check(cli.parse(["export", "--run-dir", run, "--output", str(demo / "translator")])) is None
     # An --output that is the --input file, under any name, would replace the sentences.
     notes = tmp_path / "notes.txt"
     notes.write_text("one two\n")

@@ -40,6 +40,7 @@ def check(args) -> None:
         kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
         raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
     check_writable("--output", args.output)
+    _check_replaceable(args.output, args.format)
     if args.format != "ctranslate2":
         if args.quantization is not None:
             raise RunError("--quantization applies to --format ctranslate2 only (--quantize int8 quantizes the "
@@ -58,8 +59,6 @@ def check(args) -> None:
         if args.quantization is not None and args.quantization not in known:
             raise RunError(f"--quantization {args.quantization} is not a CTranslate2 weight type; "
                            f"known: {', '.join(known)}")
-        if os.path.isdir(args.output) and os.listdir(args.output):
-            raise RunError(f"--output {args.output} exists and is not empty; give a new directory")
         kind = tokenizer_kind(pathlib.Path(args.run_dir) / "tokenizer")
         if kind is not None:  # unreadable: loading the run reports that
             try:
@@ -67,6 +66,21 @@ def check(args) -> None:
             except CTranslate2Error as e:
                 raise RunError(str(e)) from None
     run_model_file(args.run_dir, args.model)
+
+
+# The file that marks a directory as an earlier export of each format, which an export
+# replaces as a whole.
+EXPORT_MARKS = {"savedmodel": "saved_model.pb", "ctranslate2": "model.bin"}
+
+
+def _check_replaceable(output, format) -> None:
+    """Refuse a directory that holds anything but an earlier export of this format: the
+    export replaces the directory as a whole, and would delete those files."""
+    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
+    if names and EXPORT_MARKS[format] not in names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise RunError(f"--output {output} holds files that are not a {format} export ({shown}); the export "
+                       "replaces the whole directory: give a new or empty one")
 
 
 def run(args) -> int:
