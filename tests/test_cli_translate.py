@@ -239,6 +239,10 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     from keras_transformer.tools.commands import export
 
     assert export.check(cli.parse(["export", "--run-dir", run, "--output", str(demo / "translator")])) is None
+    (tmp_path / "translator").mkdir()
+    (tmp_path / "translator" / "notes.txt").write_text("mine")
+    assert cli.main(["demo", "--output-dir", str(tmp_path)]) == 2
+    assert "translator holds files that are not a savedmodel export (notes.txt)" in capsys.readouterr().err
     # An --output that is the --input file, under any name, would replace the sentences.
     notes = tmp_path / "notes.txt"
     notes.write_text("one two\n")

@@ -7,7 +7,7 @@ import os
 import sys
 
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
-from keras_transformer.tools.commands.export import serving_instructions
+from keras_transformer.tools.commands.export import check_replaceable, serving_instructions
 from keras_transformer.tools.config import TrainConfig
 
 
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
 
 def check(args) -> None:
     check_writable("--output-dir", args.output_dir)
+    check_replaceable(os.path.join(args.output_dir, "translator"), "savedmodel")  # the export replaces it
 
 
 DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training

@@ -40,7 +40,7 @@ def check(args) -> None:
         kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
         raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
     check_writable("--output", args.output)
-    _check_replaceable(args.output, args.format)
+    check_replaceable(args.output, args.format)
     if args.format != "ctranslate2":
         if args.quantization is not None:
             raise RunError("--quantization applies to --format ctranslate2 only (--quantize int8 quantizes the "
@@ -73,7 +73,7 @@ def check(args) -> None:
 EXPORT_MARKS = {"savedmodel": "saved_model.pb", "ctranslate2": "model.bin"}
 
 
-def _check_replaceable(output, format) -> None:
+def check_replaceable(output, format) -> None:
     """Refuse a directory that holds anything but an earlier export of this format: the
     export replaces the directory as a whole, and would delete those files."""
     names = sorted(os.listdir(output)) if os.path.isdir(output) else []
