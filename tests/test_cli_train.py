@@ -64,6 +64,12 @@ def _bad_input_cases(tmp_path):
         (["--validate-translations", "5", "--stop-at-exact-match", "99"], r"--stop-at-exact-match must be in \(0, 1\]"),
         (["--validate-translations", "-1"], r"--validate-translations must be >= 0; got -1"),
         (["--accumulate-steps", "0"], r"--accumulate-steps must be >= 1; got 0"),
+        (["--tsv", four_hundred, "--source-file", src, "--target-file", src],
+         r"error: --tsv is read by --corpus tsv, and this run reads --corpus files: give the files of one corpus\.$"),
+        (["--corpus", "numbers", "--source-file", src, "--target-file", src],
+         r"--source-file is read by --corpus files, .*--target-file is read by --corpus files"),
+        (["--tsv", write("five.tsv", "".join(f"s{i}\tt{i}\n" for i in range(5))), "--holdout", "1"],
+         r"more than a third of the 5 distinct pairs read; a corpus needs at least 6 distinct pairs"),
         (["--learning-rate-scale", "inf", "--label-smoothing", "nan", "--dropout=-inf"],
          r"error: --dropout must be a finite number; got -inf; --label-smoothing must be a finite number; got nan; "
          r"--learning-rate-scale must be a finite number; got inf\.$"),
@@ -122,6 +128,7 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    (["train", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
     (["translate", "--beam-size", "0", "x"], "argument --beam-size: must be >= 1, got 0"),
     (["translate", "--batch-size", "-1", "x"], "argument --batch-size: must be >= 1, got -1"),
     (["evaluate", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),

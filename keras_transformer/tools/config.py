@@ -192,9 +192,7 @@ class TrainConfig:
             if not ok:
                 problems.append(message)
 
-        need(self.corpus in CORPORA, f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}")
-        if self.corpus in CORPORA:
-            problems.extend(CORPORA[self.corpus].check(self))
+        problems.extend(self._corpus_problems())
         need(self.preset in PRESETS, f"--preset must be one of {sorted(PRESETS)}; got {self.preset!r}")
         positive = ("steps", "steps_per_epoch", "batch_tokens", "max_length", "average_checkpoints", "holdout", "accumulate_steps",
                     "validation_beam_size", "early_stopping", "stop_checks", "num_layers", "d_model", "num_heads", "d_ff", "warmup_steps")
@@ -232,6 +230,18 @@ class TrainConfig:
                 )
         if problems:
             raise RunError("; ".join(problems) + ".")
+
+    def _corpus_problems(self) -> list:
+        """The corpus's own checks, and the files of another corpus given with it (they
+        would be ignored: `--tsv` with `--source-file` and `--target-file`)."""
+        if self.corpus not in CORPORA:
+            return [f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}"]
+        problems = list(CORPORA[self.corpus].check(self))
+        for kind in CORPORA.values():
+            problems += [f"--{_flag(name)} is read by --corpus {kind.name}, and this run reads --corpus "
+                         f"{self.corpus}: give the files of one corpus" for name in kind.implied_by
+                         if kind.name != self.corpus and getattr(self, name)]
+        return problems
 
     def _real_number_problems(self) -> list:
         """Each NaN or infinite setting, once ("nan" and "inf" parse as floats), then the

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
         if group not in groups:
             groups[group] = p.add_argument_group(group)
         _add_setting_flag(groups[group], field)
-    groups["training"].add_argument("--epochs", type=int,
+    groups["training"].add_argument("--epochs", type=at_least(1),
                                     help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")

@@ -298,9 +298,11 @@ def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_
     distinct = list(dict.fromkeys(pairs))
     duplicates = len(pairs) - len(distinct)
     if 2 * holdout > len(distinct) / 3:
+        fix = (f"use at most --holdout {len(distinct) // 6}" if len(distinct) >= 6 else
+               "a corpus needs at least 6 distinct pairs to hold out one for validation and one for test")
         raise CorpusError(
             f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
-            f"than a third of the {len(distinct)} distinct pairs read; use at most --holdout {len(distinct) // 6}."
+            f"than a third of the {len(distinct)} distinct pairs read; {fix}."
         )
     groups: dict[str, list[Pair]] = {}
     for pair in distinct:
