@@ -115,7 +115,8 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
     for argv in (["train", "--output-dir", str(a_file / "run"), "--steps", "1"],
                  ["demo", "--output-dir", str(a_file / "demo")],
                  ["translate", "--run-dir", run, "--output", str(a_file / "out.txt"), "x"],
-                 ["export", "--run-dir", run, "--output", str(a_file / "saved")]):
+                 ["export", "--run-dir", run, "--output", str(a_file / "saved")],
+                 ["evaluate", "--run-dir", run, "--hypotheses", str(a_file / "h.txt")]):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{a_file} is a file, not a directory; give another" in err, (argv, err)

@@ -254,6 +254,18 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "is the --input file" in err, (output, err)
     assert notes.read_text() == "one two\n" and not (tmp_path / "sub").exists()
+    # An output over one of the run's own files (under any name) would destroy the run.
+    (tmp_path / "run_link").symlink_to(demo / "run")
+    before = {p: p.read_bytes() for p in (demo / "run").rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+    for argv in (["translate", "--run-dir", run, "--output", str(demo / "run" / "model.keras"), "x"],
+                 ["translate", "--run-dir", run, "--output", str(tmp_path / "run_link" / "config.json"), "x"],
+                 ["evaluate", "--run-dir", run, "--hypotheses", str(demo / "run" / "tokenizer" / "vocab.txt")],
+                 ["export", "--run-dir", run, "--output", str(demo / "run" / "best")],
+                 ["export", "--run-dir", run, "--output", run]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("is the run's own" in err or "is the run directory itself" in err), err
+    assert {p: p.read_bytes() for p in before} == before
 
 
 def test_parsing_imports_no_backend():

@@ -18,6 +18,14 @@ import pathlib
 import shutil
 
 
+# The names `train` writes in its output directory (and their temporary names): it
+# touches nothing else there, and no command writes its output over them.
+RUN_FILES = (
+    "config.json", "tokenizer", "data.json", "state", "checkpoints", "best", "model.keras", "log.csv",
+    "tensorboard", "curves.png", "metrics.json", "train.lock",
+)
+
+
 class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
@@ -74,11 +82,18 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     return model_file
 
 
-def creation_problem(path) -> str | None:
+def creation_problem(path, run_dir=None) -> str | None:
     """Why this process cannot write `path` (a file or folder, with the folders above it
-    that are missing): a file where a folder must be, or a folder it may not write in;
-    `None` when nothing is in the way. What `path` itself is, its callers check."""
+    that are missing): one of the files of the run in `run_dir`, a file where a folder
+    must be, or a folder it may not write in; `None` when nothing is in the way. What
+    `path` itself is, its callers check."""
     path = pathlib.Path(path).absolute()
+    if run_dir is not None:
+        real, run = pathlib.Path(os.path.realpath(path)), pathlib.Path(os.path.realpath(run_dir))
+        if real == run:
+            return "it is the run directory itself"
+        if real.is_relative_to(run) and real.relative_to(run).parts[0] in RUN_FILES:
+            return f"it is the run's own {real.relative_to(run).parts[0]}, which this would overwrite"
     place = next(p for p in (path, *path.parents) if os.path.exists(p))  # the nearest that exists
     if place != path and not os.path.isdir(place):
         return f"{place} is a file, not a directory"

@@ -33,12 +33,6 @@ def load_corpus(config: TrainConfig):
     return corpus.reversed() if config.reverse else corpus
 
 
-# The names `train` writes in its output directory (and their temporary names): it
-# touches nothing else there.
-RUN_FILES = (
-    "config.json", "tokenizer", "data.json", "state", "checkpoints", "best", "model.keras", "log.csv",
-    "tensorboard", "curves.png", "metrics.json", "train.lock",
-)
 # Fewest training pairs a run accepts after filtering.
 MIN_TRAIN_PAIRS = 100
 # Share of [UNK] in the tokenized training text above which the vocabulary is reported.
@@ -46,8 +40,8 @@ UNK_WARNING = 0.02
 
 
 def _own_names() -> set[str]:
-    names = set(RUN_FILES)
-    names |= {files.temporary_path(n).name for n in RUN_FILES} | {n + ".old" for n in RUN_FILES}
+    names = set(files.RUN_FILES)
+    names |= {files.temporary_path(n).name for n in files.RUN_FILES} | {n + ".old" for n in files.RUN_FILES}
     return names
 
 

@@ -20,13 +20,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def check_writable(flag: str, path) -> None:
-    """Refuse an output path this process cannot write (`files.creation_problem`), before
-    anything is loaded."""
+def check_writable(flag: str, path, run_dir=None) -> None:
+    """Refuse an output path this process cannot write, or one of the files of the run in
+    `run_dir` (`files.creation_problem`), before anything is loaded."""
     from keras_transformer.tools.config import RunError
     from keras_transformer.tools.files import creation_problem
 
-    problem = creation_problem(path)
+    problem = creation_problem(path, run_dir)
     if problem:
         raise RunError(f"{flag} {path}: {problem}; give another {flag}")
 

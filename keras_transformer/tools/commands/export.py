@@ -39,7 +39,7 @@ def check(args) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
         raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
-    check_writable("--output", args.output)
+    check_writable("--output", args.output, args.run_dir)
     check_replaceable(args.output, args.format)
     if args.format != "ctranslate2":
         if args.quantization is not None:

@@ -44,7 +44,7 @@ def check(args) -> dict:
     if output is not None and output.is_dir():
         raise RunError(f"--output {output} is a directory, not a file")
     if output is not None:
-        check_writable("--output", output)
+        check_writable("--output", output, args.run_dir)
     if output is not None and args.input and _same_file(args.input, output):
         raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
                        "there would replace the sentences. Give another --output")
