@@ -17,6 +17,13 @@ def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
             raise ValueError(f"{where}`{name}` must be {kind}. Received: {name}={value!r}")
 
 
+def counts(where: str = "", **values) -> None:
+    """Refuse any value that is not an integer >= 0."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{where}`{name}` must be an integer >= 0. Received: {name}={value!r}")
+
+
 def rates(where: str = "", **values) -> None:
     """Refuse any value outside [0, 1) (dropout rates, label smoothing)."""
     for name, value in values.items():

@@ -149,6 +149,18 @@ def test_bad_arguments():
         model.translate(_source().astype("float32"), beam_size=1)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
         model.translate(_source()[0])
+    for settings, message in ((dict(max_length=0), "`max_length` must be a positive integer or None"),
+                              (dict(max_length=2.5), "`max_length` must be a positive integer or None"),
+                              (dict(max_extra_length=-5), "`max_extra_length` must be an integer >= 0"),
+                              (dict(min_length=-1), "`min_length` must be an integer >= 0")):
+        with pytest.raises(ValueError, match=message):
+            model.translate(_source(), **settings)
+    vocab_size = model.vocab_size
+    for bad in (vocab_size, -1):
+        source = _source().copy()
+        source[0, 0] = bad
+        with pytest.raises(ValueError, match=rf"token ids in \[0, vocab_size={vocab_size}\)"):
+            model.translate(source)
     for alpha in (float("nan"), float("inf"), "0.6"):
         with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
             model.translate(_source(), length_penalty=alpha)

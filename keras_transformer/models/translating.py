@@ -138,6 +138,13 @@ class Translating:
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
         if len(source_ids.shape) != 2:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
+        _checks.positive_ints(max_length=max_length, optional=True)
+        _checks.counts(max_extra_length=max_extra_length, min_length=min_length)
+        ids = ops.convert_to_numpy(source_ids)
+        if ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size:
+            # An embedding lookup past the table clamps (JAX) or fails inside the search.
+            raise ValueError(f"`source_ids` must be token ids in [0, vocab_size={self.vocab_size}). "
+                             f"Received: ids from {ids.min()} to {ids.max()}")
         if not self.built:
             self.build()
         max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
