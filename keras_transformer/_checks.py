@@ -7,21 +7,25 @@ import math
 import numbers
 
 
-def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
-    """Refuse any value that is not an integer >= 1 (`None` passes when `optional`)."""
+def _integers(where: str, minimum: int, kind: str, optional: bool, values: dict) -> None:
+    """Refuse any value that is not a Python integer >= `minimum` (`None` passes when
+    `optional`); `kind` says what is wanted."""
     for name, value in values.items():
         if optional and value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            kind = "a positive integer or None" if optional else "a positive integer"
-            raise ValueError(f"{where}`{name}` must be {kind}. Received: {name}={value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{where}`{name}` must be {kind}{' or None' if optional else ''}. "
+                             f"Received: {name}={value!r}")
+
+
+def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
+    """Refuse any value that is not an integer >= 1 (`None` passes when `optional`)."""
+    _integers(where, 1, "a positive integer", optional, values)
 
 
 def counts(where: str = "", **values) -> None:
     """Refuse any value that is not an integer >= 0."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{where}`{name}` must be an integer >= 0. Received: {name}={value!r}")
+    _integers(where, 0, "an integer >= 0", False, values)
 
 
 def rates(where: str = "", **values) -> None:
