@@ -272,6 +272,15 @@ class TrainConfig:
         BLEU."""
         return "exact_match" if self.stop_at_exact_match is not None else "bleu"
 
+    def epochs(self) -> int:
+        """The run's epochs: `--steps` in `--steps-per-epoch` updates, the last one cut
+        short when they do not divide (`checkpoints.StepBudget`)."""
+        return math.ceil(self.steps / self.steps_per_epoch)
+
+    def batches_per_epoch(self) -> int:
+        """The batches `fit` reads in an epoch: each update is `--accumulate-steps` of them."""
+        return self.steps_per_epoch * self.accumulate_steps
+
     def effective_warmup(self) -> int:
         if self.warmup_steps is not None:
             return self.warmup_steps

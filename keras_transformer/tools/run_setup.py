@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import pathlib
 
@@ -129,7 +128,7 @@ def finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     run killed while finishing is not finished and resumes to write the rest.
     """
     output_dir = pathlib.Path(output_dir)
-    epochs = math.ceil(config.steps / config.steps_per_epoch)
+    epochs = config.epochs()
     try:
         done, stopped = checkpoints.TrainingState.progress(output_dir / "state")
     except ValueError:

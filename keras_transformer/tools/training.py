@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import pathlib
 import time
 
@@ -188,12 +187,12 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
             raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
                            "--output-dir.") from None
     distributed_fit.wrap_model(cluster, model)
-    epochs = math.ceil(config.steps / config.steps_per_epoch)
+    epochs = config.epochs()
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
         epochs = initial_epoch  # the run had reached its target: finish without training
     # An epoch is `steps_per_epoch` updates, each made of `accumulate_steps` batches. A run
     # that stopped trains no further: it reads no batch, so none is read past.
-    batches_per_epoch = config.steps_per_epoch * config.accumulate_steps
+    batches_per_epoch = config.batches_per_epoch()
     trained_batches = initial_epoch * batches_per_epoch if epochs > initial_epoch else 0
     if initial_epoch and cluster.chief:
         print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}"
@@ -257,8 +256,7 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, 
     # First, so that a Ctrl-C stops the run before any other callback saves a half epoch.
     interruptible = kt_callbacks.Interruptible()
     # Then the end of the run's steps, in every process: the last epoch may be cut short.
-    budget = kt_callbacks.StepBudget(config.steps * config.accumulate_steps,
-                                     config.steps_per_epoch * config.accumulate_steps)
+    budget = kt_callbacks.StepBudget(config.steps * config.accumulate_steps, config.batches_per_epoch())
     callbacks, best, last = [interruptible, budget], None, None
     shared = [kt_callbacks.SharedStop(cluster, collectives.stop_together)] if cluster.distributed else []
     if cluster.distributed:
