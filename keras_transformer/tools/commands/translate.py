@@ -41,13 +41,13 @@ def check(args) -> dict:
         raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
                        "search keeps; raise --beam-size or lower --n-best")
     output = pathlib.Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise RunError(f"--output {output} is a directory, not a file")
     if output is not None:
+        if output.is_dir():
+            raise RunError(f"--output {output} is a directory, not a file")
         check_writable("--output", output, args.run_dir)
-    if output is not None and args.input and _same_file(args.input, output):
-        raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
-                       "there would replace the sentences. Give another --output")
+        if args.input and _same_file(args.input, output):
+            raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
+                           "there would replace the sentences. Give another --output")
     run_model_file(args.run_dir, args.model)
     return {"output": output}
 
