@@ -140,7 +140,7 @@ class Tokenizer(tf.Module):
         vocab = _learn_wordpiece(texts, vocab_size, min_frequency, learner)
         return WordPieceTokenizer(_place_reserved(vocab, vocab_size, ids), lower_case=lower_case)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize(self, texts):
         """Strings `(B,)` -> token ids, a `tf.RaggedTensor` of int64 `(B, None)`.
 
@@ -151,7 +151,7 @@ class Tokenizer(tf.Module):
             texts = tf.strings.lower(texts, encoding="utf-8")
         return self._tokenize(texts)
 
-    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)])
+    @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)], autograph=False)
     def detokenize(self, ids):
         """Token ids `(B, None)` -> strings `(B,)`. Reserved tokens are dropped."""
         ids = tf.ragged.boolean_mask(ids, tf.logical_not(tf.gather(self._reserved, ids)))
