@@ -26,6 +26,17 @@ def _backend():
 BACKEND = _backend()
 
 
+_SUITES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
+
+
+def only_on(backend: str, why: str):
+    """Run a test in one backend's suite: the tool logic it checks (files, flags, stopping
+    rules, formatting) is the same code on every backend, and the backend's own part of
+    it is checked on every backend elsewhere, which `why` names. Each such test trains or
+    starts processes, so running it three times would cost CI minutes for no check."""
+    return pytest.mark.skipif(BACKEND != backend, reason=f"{why}; runs in the {_SUITES[backend]} suite")
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     """Every test starts from the same seed and the float32 policy, on the suite's backend

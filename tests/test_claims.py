@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from claims import measure, notes, table1
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, only_on
 
 JAX_ONLY = pytest.mark.skipif(
     BACKEND != "jax", reason="read from XLA's compiled program / jaxpr, which only the JAX backend exposes")
@@ -113,6 +113,7 @@ def test_copy_model_refuses_unknown_positions():
         notes.CopyModel(16, 8, "rotary", max_positions=8)
 
 
+@only_on("tensorflow", "`--help` of the measurement scripts, answered before any backend runs")
 def test_the_measurements_run_from_a_checkout_and_write_beside_the_benchmarks():
     root = pathlib.Path(__file__).parent.parent
     for module in ("claims.table1", "claims.notes"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.tools import cli
-from tests.conftest import SMALL_SETTINGS, copy_task
+from tests.conftest import SMALL_SETTINGS, copy_task, only_on
 
 
 def _run(out, small, *args):
@@ -294,6 +294,8 @@ def test_a_second_train_on_the_same_directory_is_refused(tmp_path, small):
     assert not (tmp_path / "config.json").exists()  # written under the lock only
 
 
+@only_on("torch", "the target, the log and the rerun's answer are the run's own files; the validation "
+                  "translations are stood in for")
 def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_path, small, small_tsv, monkeypatch,
                                                                            capsys):
     from keras_transformer.tools import evaluation
@@ -366,6 +368,8 @@ def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):
     assert ("zweiundvierzig", "forty-two") in numbers.train
 
 
+@only_on("jax", "the stopping rule, best/ and its average are the run's own files and NumPy; training and "
+                "resuming on every backend: the killed-run, cluster and mixed-precision tests")
 def test_best_checkpoints_early_stopping_and_averaging_the_best(tmp_path, monkeypatch, capsys):
     from keras_transformer.tools import callbacks, evaluation
 
@@ -418,6 +422,8 @@ def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path
     assert "only runs trained with --validate-translations keep one" in capsys.readouterr().err
 
 
+@only_on("torch", "the step budget is a Keras callback setting `stop_training`, which every backend's `fit` "
+                  "reads after each batch (test_training_recipe's Ctrl-C test, on every backend)")
 def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, capsys):
     # 6 updates of 2 batches each, 4 updates an epoch: the second epoch is cut short.
     out, argv = tmp_path / "run", ["--steps", "6", "--steps-per-epoch", "4", "--accumulate-steps", "2"]
@@ -434,6 +440,8 @@ def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, ca
     assert "finished at step 6 of 6" in capsys.readouterr().out
 
 
+@only_on("torch", "`stop_training` from a callback is Keras' rule on every backend; what `train` reports "
+                  "about it is the same code")
 def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, small_tsv, capsys):
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.training import train

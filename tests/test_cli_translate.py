@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from keras_transformer.tools import cli
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, only_on
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,8 @@ def test_evaluate_and_translate(demo, capsys):
     assert printed.count("\n") == 2 and printed.endswith("\n")  # one line each, empty or not
 
 
+@only_on("jax", "reading and writing the files is the command's own code; the translations come from the "
+                "search test_evaluate_and_translate runs on every backend")
 def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
     run = str(demo / "run")
     source = tmp_path / "in.txt"
@@ -67,6 +69,8 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
         assert message in err and err.count("error:") == 1, err
 
 
+@only_on("jax", "the n-best lines and the batching are the command's own code; the n-best search is checked "
+                "against enumeration on every backend (test_decoding)")
 def test_n_best_lists_the_beam_best_first(demo, capsys):
     from keras_transformer.tools import evaluation
 

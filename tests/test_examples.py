@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, only_on
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
 
@@ -62,6 +62,8 @@ def translate_files_run(tmp_path_factory):
     return run_dir, scores
 
 
+@only_on("tensorflow", "the example is the library's train, evaluate and translate, which the demo fixture "
+                       "(test_cli_translate) runs on every backend; its run feeds test_export_and_serve here")
 def test_translate_files(translate_files_run):
     run_dir, scores = translate_files_run
     assert scores["sentences"] == 2 and scores["bleu_signature"].startswith("nrefs:1")

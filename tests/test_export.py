@@ -18,7 +18,7 @@ import keras_transformer as kt
 from keras_transformer.tools import evaluation, saved_model_client
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import make_dataset
-from tests.conftest import run_in_threads
+from tests.conftest import only_on, run_in_threads
 
 # Not 0, 1, 2, 3: every place that assumed the defaults would go wrong here.
 SPECIAL_IDS = dict(pad_id=5, unk_id=2, start_id=0, end_id=7)
@@ -114,6 +114,8 @@ def test_saved_model_translates_like_the_library(trained, exported):
     assert _serve(path, texts[:5])["translate"] == expected
 
 
+@only_on("tensorflow", "the SavedModel runs on TensorFlow whichever backend trained it (on JAX and PyTorch it is "
+                       "exported by a TensorFlow child process and read here the same way)")
 def test_one_loaded_translator_serves_several_threads(trained, exported):
     _, _, corpus = trained
     translator = saved_model_client.load(exported)  # loaded once, as a server would
