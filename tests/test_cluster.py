@@ -158,6 +158,33 @@ def test_a_coordinator_that_answers_is_told_from_one_that_does_not():
     assert not collectives.answers("localhost:notaport")
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason=(
+    "PyTorch only: on JAX the coordination service aborts the chief and the first process from C++ "
+    "(SIGABRT: '1 unexpectedly tried to connect with a different incarnation'), before any Python runs; on "
+    "TensorFlow the strategy waits inside its initialization holding the GIL"))
+def test_a_second_process_with_a_taken_index_is_refused_at_once():
+    """The process group's store counts each index: a process 1 that finds one already there
+    (here the test plays the chief and the first process 1) says so, status 2, without
+    waiting out the cluster timeout; the chief's store is untouched but for the count."""
+    import datetime
+
+    import torch.distributed as dist
+
+    port = cluster.free_port()
+    store = dist.TCPStore("localhost", port, 2, is_master=True, timeout=datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
+    assert store.add("keras-transformer/index/1", 1) == 1  # the first process 1 has arrived
+    join = ("import sys; from keras_transformer.tools import cluster, collectives; "
+            f"collectives.join(cluster.Cluster('torch', 2, 1, 'localhost:{port}'), timeout=100)")
+    start = time.time()
+    result = subprocess.run([sys.executable, "-c", join], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and time.time() - start < 60, result.stderr[-3000:]
+    errors = _errors(result.stderr)
+    assert errors == ["keras-transformer train: error: process 1 of 2: another process already joined as "
+                      "process 1: each process needs its own index (RANK), 0 to 1."], result.stderr[-3000:]
+    assert store.add("keras-transformer/index/1", 0) == 2
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")
 def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
     """2 processes x 2 virtual devices: a 2 x 2 (batch x model) mesh with the project's layout."""

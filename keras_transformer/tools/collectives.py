@@ -61,15 +61,37 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
             _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
             barrier(cluster, "joined")  # the strategy's first collective waits for every worker
         else:
-            import datetime
-
-            import torch.distributed as dist
-
-            dist.init_process_group("nccl" if torch_cuda() else "gloo",
-                                    timeout=datetime.timedelta(seconds=max(timeout, 1800)))
+            _join_torch(cluster, timeout)
     finally:
         done.set()
         timer.cancel()
+
+
+def _join_torch(cluster: Cluster, timeout: float) -> None:
+    """`torch.distributed.init_process_group` on a `TCPStore` this process opens itself, as
+    the `env://` rendezvous would, so that each process first counts itself in the store:
+    a second process given an index already taken (`RANK`) learns it at once and says so
+    (status 2) instead of waiting out the timeout. The processes that formed the cluster
+    go on: a duplicate can arrive at any time, even after training has started, so
+    stopping them would depend on its timing. Under `torchrun`, whose agent owns the store
+    and gives every process its own rank, the usual `env://` rendezvous."""
+    import datetime
+
+    import torch.distributed as dist
+
+    backend = "nccl" if torch_cuda() else "gloo"
+    wait = datetime.timedelta(seconds=max(timeout, 1800))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        dist.init_process_group(backend, timeout=wait)
+        return
+    host, _, port = cluster.address.rpartition(":")
+    store = dist.TCPStore(host.strip("[]"), int(port), cluster.num_processes, is_master=cluster.chief,
+                          timeout=wait, wait_for_workers=False)
+    if store.add(f"keras-transformer/index/{cluster.process_id}", 1) > 1:
+        _exit(cluster, f"another process already joined as process {cluster.process_id}: each process needs "
+                       f"its own index (RANK), 0 to {cluster.num_processes - 1}", 2)
+    dist.init_process_group(backend, store=store, rank=cluster.process_id, world_size=cluster.num_processes,
+                            timeout=wait)
 
 
 # TensorFlow's `MultiWorkerMirroredStrategy` of this process, once it has joined.
