@@ -86,10 +86,17 @@ def make_dataset(
     ds = _bucketed(ds, lengths, [max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
                    tokenizer.pad_id, drop_remainder)
     if multiple > 1:
-        ds = ds.map(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, tokenizer.pad_id))
+        ds = ds.map(_plain(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, tokenizer.pad_id)))
     if not repeat:  # bucketing hides the number of batches: counted once, for Keras' progress bar
-        ds = ds.apply(tf.data.experimental.assert_cardinality(int(ds.reduce(0, lambda count, _: count + 1))))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(int(ds.reduce(0, _plain(lambda count, _: count + 1)))))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _plain(fn):
+    """`fn` traced as written: tf.data converts the functions it is given with AutoGraph,
+    which these do not need (no Python control flow on tensors), and the conversion took
+    most of a second at the start of every process that makes a dataset."""
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _check_dataset_settings(pairs, batch_tokens: int, lengths, num_shards: int, shard_index: int) -> None:
@@ -128,10 +135,10 @@ def _examples(pairs, tokenizer, max_length: int, shuffle: bool, seed: int) -> tf
 
     return (
         ds.batch(512)
-        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE)
         .unbatch()
-        .map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
-        .filter(short_enough)
+        .map(_plain(to_example), num_parallel_calls=tf.data.AUTOTUNE)
+        .filter(_plain(short_enough))
     )
 
 
@@ -139,7 +146,7 @@ def _bucketed(ds, lengths: list[int], batch_sizes: list[int], pad_id: int, drop_
     """Examples batched by length bucket (`batch_sizes[i]` pairs in bucket `lengths[i]`),
     as `({"source_ids", "target_ids"}, labels)` with each side padded to a bucket length."""
     ds = ds.bucket_by_sequence_length(
-        element_length_func=lambda s, d, l: tf.maximum(tf.size(s), tf.size(l)),
+        element_length_func=_plain(lambda s, d, l: tf.maximum(tf.size(s), tf.size(l))),
         # A pair of length n goes to the first bucket whose padded length is >= n.
         bucket_boundaries=[n + 1 for n in lengths[:-1]],
         bucket_batch_sizes=batch_sizes,
@@ -162,7 +169,7 @@ def _bucketed(ds, lengths: list[int], batch_sizes: list[int], pad_id: int, drop_
         return ({"source_ids": pad(src, tf.shape(src)[1]), "target_ids": pad(decoder_input, target_length)},
                 pad(labels, target_length))
 
-    return ds.map(pad_to_bucket, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.map(_plain(pad_to_bucket), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _shard(inputs, labels, num_shards: int, shard_index: int, devices_per_shard: int, pad_id: int):
