@@ -159,7 +159,7 @@ def test_bad_arguments():
     for bad in (vocab_size, -1):
         source = _source().copy()
         source[0, 0] = bad
-        with pytest.raises(ValueError, match=rf"token ids in \[0, vocab_size={vocab_size}\)"):
+        with pytest.raises(ValueError, match=rf"`source_ids` must be in \[0, {vocab_size}\) \(vocab_size={vocab_size}\)"):
             model.translate(source)
     for alpha in (float("nan"), float("inf"), "0.6"):
         with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):

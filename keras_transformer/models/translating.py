@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_transformer import _checks, decoding
+from keras_transformer import ops as kt_ops
 from keras_transformer.backend.compile import compile_search
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
 
@@ -140,11 +141,9 @@ class Translating:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
         _checks.positive_ints(max_length=max_length, optional=True)
         _checks.counts(max_extra_length=max_extra_length, min_length=min_length)
-        ids = ops.convert_to_numpy(source_ids)
-        if ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size:
-            # An embedding lookup past the table clamps (JAX) or fails inside the search.
-            raise ValueError(f"`source_ids` must be token ids in [0, vocab_size={self.vocab_size}). "
-                             f"Received: ids from {ids.min()} to {ids.max()}")
+        # Here, not only in the embedding: inside the compiled search the ids cannot be read,
+        # and a lookup past the table clamps (JAX) or fails inside the search.
+        kt_ops.check_token_ids(source_ids, self.vocab_size, name="source_ids")
         if not self.built:
             self.build()
         max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
