@@ -84,8 +84,8 @@ def _join_torch(cluster: Cluster, timeout: float) -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         dist.init_process_group(backend, timeout=wait)
         return
-    host, _, port = cluster.address.rpartition(":")
-    store = dist.TCPStore(host.strip("[]"), int(port), cluster.num_processes, is_master=cluster.chief,
+    host, port = _host_and_port(cluster.address)
+    store = dist.TCPStore(host, int(port), cluster.num_processes, is_master=cluster.chief,
                           timeout=wait, wait_for_workers=False)
     if store.add(f"keras-transformer/index/{cluster.process_id}", 1) > 1:
         _exit(cluster, f"another process already joined as process {cluster.process_id}: each process needs "
@@ -137,12 +137,18 @@ def answers(address: str | None, timeout: float = 2.0) -> bool:
     """
     import socket
 
-    host, _, port = (address or "").rpartition(":")
+    host, port = _host_and_port(address)
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection((host, int(port)), timeout=timeout):
             return True
     except (OSError, ValueError):
         return False
+
+
+def _host_and_port(address: str | None) -> tuple[str, str]:
+    """`host:port` split at its last colon, an IPv6 host's brackets dropped (`[::1]:29500`)."""
+    host, _, port = (address or "").rpartition(":")
+    return host.strip("[]"), port
 
 
 def lost(cluster: Cluster, error: BaseException) -> str | None:
