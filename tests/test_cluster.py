@@ -21,6 +21,7 @@ import pytest
 
 from keras_transformer.tools import cluster
 from keras_transformer.tools.cluster import Cluster, ClusterError
+from tests.conftest import only_on
 
 BACKEND = keras.backend.backend()
 CHILD = "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main(sys.argv[1:]))"
@@ -292,8 +293,7 @@ with stop_if_lost(Cluster("torch", 3, 1, "localhost:1")):
 """
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="backend-independent (what train does with an engine's error "
-                                                   "text, no engine loaded): runs in the TensorFlow suite")
+@only_on("tensorflow", "backend-independent (what train does with an engine's error text, no engine loaded)")
 def test_a_lost_peer_anywhere_after_joining_is_one_line_and_status_1():
     # What gloo raised in the chief's last barrier when a worker died after training (seen in CI).
     gloo = "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:24215. Check the logs."
@@ -307,8 +307,7 @@ def test_a_lost_peer_anywhere_after_joining_is_one_line_and_status_1():
     assert result.returncode == 1 and result.stderr.strip().endswith("RuntimeError: shapes differ")
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="backend-independent (tf.data under every backend): runs in the "
-                                                   "TensorFlow suite")
+@only_on("tensorflow", "backend-independent (tf.data under every backend)")
 def test_shards_of_an_epoch_are_the_training_split_once():
     """Over one pass, the rows each of 3 processes gets are every pair that fits, none twice,
     and the processes' batches have the same shapes."""

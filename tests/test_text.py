@@ -8,18 +8,15 @@ import gzip
 import re
 import unicodedata
 
-import keras
 import numpy as np
 import pytest
 
 from keras_transformer.decoding import END_ID, PAD_ID, START_ID
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import bucket_lengths, make_dataset
+from tests.conftest import only_on
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent (TensorFlow Text and tf.data under every backend): runs in the TensorFlow suite",
-)
+pytestmark = only_on("tensorflow", "backend-independent (TensorFlow Text and tf.data under every backend)")
 
 UNICODE = ["Grüße aus München, schöne Äpfel", "你好世界", "I ❤️ 🍕 pizza 😀", "forty-two thousand and seven"]
 # What a round trip must keep: punctuation, apostrophes, hyphens, numbers, umlauts, CJK.
