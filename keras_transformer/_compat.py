@@ -61,3 +61,33 @@ def update_along(x, start, update, axis: int):
     starts = [0] * len(x.shape)
     starts[axis] = start
     return keras.ops.slice_update(x, starts, update)
+
+
+def take_rows(x, rows):
+    """`keras.ops.take(x, rows, axis=0)` for `rows` known to be in range (a beam
+    search's reordering of its hypotheses).
+
+    On JAX `keras.ops.take` is `jnp.take` in its default mode, `"fill"`, which checks
+    each index and then selects over the whole result: for a beam search's cache, one
+    more pass over every layer's keys and values per step. Here JAX clips the indices
+    instead (the same rows when they are in range). `keras.ops.take` has no `mode`
+    argument; would report to keras-team/keras.
+    """
+    if keras.backend.backend() == "jax":
+        import jax.numpy as jnp
+
+        return jnp.take(x, rows, axis=0, mode="clip")
+    return keras.ops.take(x, rows, axis=0)
+
+
+def fused_attention_reads_heads_first() -> bool:
+    """Whether `keras.ops.dot_product_attention` reads keys and values laid out `(B, h, T, d)`
+    without copying them.
+
+    It takes `(B, T, h, d)`. On PyTorch it transposes them to the `(B, h, T, d)` of
+    `torch.nn.functional.scaled_dot_product_attention` (views: no copy), so a decoding
+    cache kept `(B, h, T, d)` goes through the fused kernel as two views. On JAX and
+    TensorFlow it lowers to einsums that would copy such a cache into `(B, T, h, d)` and
+    back at every step; there the attention over a cache is computed in its own layout.
+    """
+    return keras.backend.backend() == "torch"

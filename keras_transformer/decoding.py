@@ -28,7 +28,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_transformer import _checks
+from keras_transformer import _checks, _compat
 from keras_transformer.defaults import BEAM_SIZE, END_ID, LENGTH_PENALTY, MAX_EXTRA_LENGTH, PAD_ID, START_ID, UNK_ID
 
 __all__ = [
@@ -193,7 +193,7 @@ def beam_search(
         # with inputs of any length).
         m, m_new = x.shape[1], indices.shape[1]
         rows = ops.reshape(indices + ops.arange(batch_size)[:, None] * m, (-1,))
-        flat = ops.take(ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:])), rows, axis=0)
+        flat = _compat.take_rows(ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:])), rows)
         return ops.reshape(flat, (batch_size, m_new) + tuple(ops.shape(x)[2:]))
 
     def reorder_cache(cache, beam_index, before):
@@ -201,7 +201,7 @@ def beam_search(
         # tensor the step returned as it got it (`before`: the encoder's keys and
         # values, the source mask) holds k equal rows per input, so it stays as it is.
         rows = ops.reshape(beam_index + ops.arange(batch_size)[:, None] * k, (-1,))
-        return keras.tree.map_structure(lambda x, old: x if x is old else ops.take(x, rows, axis=0), cache, before)
+        return keras.tree.map_structure(lambda x, old: x if x is old else _compat.take_rows(x, rows), cache, before)
 
     bound = max_length if bound_length is None else bound_length
 

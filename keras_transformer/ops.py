@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer import _compat
 from keras_transformer.defaults import PAD_ID
 
 __all__ = [
@@ -108,6 +109,7 @@ def scaled_dot_product_attention(
     training=None,
     seed=None,
     return_attention_scores: bool = False,
+    heads_first: bool = False,
 ):
     """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V` (paper, eq. 1).
 
@@ -129,6 +131,9 @@ def scaled_dot_product_attention(
         seed: Seed or `keras.random.SeedGenerator` for dropout. Defaults to `None`.
         return_attention_scores: Also return the attention weights
             `(B, h, T_q, T_k)`. Defaults to `False`.
+        heads_first: `key` and `value` are laid out `(B, h, T_k, d)`, as a decoding
+            cache keeps them (`MultiHeadAttention.init_cache`), and are read in that
+            layout. Defaults to `False`.
 
     Returns:
         The attended values, `(B, T_q, h, d_v)`; with `return_attention_scores=True`,
@@ -152,11 +157,16 @@ def scaled_dot_product_attention(
     # The fused kernels need d_v == d_k; the paper's d_v = d_k always qualifies.
     fusable = key.shape[-1] == value.shape[-1]
     if fusable and not use_dropout and not return_attention_scores:
-        return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+        if not heads_first:
+            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+        if _compat.fused_attention_reads_heads_first():
+            key, value = (ops.transpose(x, (0, 2, 1, 3)) for x in (key, value))
+            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
 
     compute_dtype = keras.backend.standardize_dtype(query.dtype)
     # (B, h, T_q, T_k): one score per query/key pair and head.
-    scores = ops.einsum("bqhd,bkhd->bhqk", query, key)
+    kv = "bhkd" if heads_first else "bkhd"
+    scores = ops.einsum(f"bqhd,{kv}->bhqk", query, key)
     scores = ops.cast(scores, "float32") * scale
     if mask is not None:
         scores = ops.where(mask, scores, _large_negative("float32"))
@@ -165,7 +175,7 @@ def scaled_dot_product_attention(
     dropped = weights
     if use_dropout:
         dropped = keras.random.dropout(weights, dropout, seed=seed)
-    outputs = ops.einsum("bhqk,bkhd->bqhd", dropped, value)
+    outputs = ops.einsum(f"bhqk,{kv}->bqhd", dropped, value)
     if return_attention_scores:
         return outputs, weights
     return outputs

@@ -71,7 +71,7 @@ def test_cache_call_is_correct():
     full = to_numpy(layer(x, x, use_causal_mask=True))
     max_length = 9  # longer than needed: unfilled slots must be masked
     cache = layer.init_cache(2, max_length)
-    assert tuple(cache.shape) == (2, max_length, 2, 4 + 4)  # (B, L, h, d_k + d_v)
+    assert [tuple(c.shape) for c in cache] == [(2, 2, max_length, 4)] * 2  # keys, values: (B, h, L, d)
     steps = []
     for i in range(6):
         xi = x[:, i : i + 1]
@@ -79,11 +79,10 @@ def test_cache_call_is_correct():
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
     # The cache holds the projected keys and values of the six positions and zeros after.
-    filled = to_numpy(cache)
-    keys, values = layer.compute_key_value(x)
-    np.testing.assert_allclose(filled[:, :6, :, :4], to_numpy(keys), atol=1e-5)
-    np.testing.assert_allclose(filled[:, :6, :, 4:], to_numpy(values), atol=1e-5)
-    assert np.all(filled[:, 6:] == 0)
+    for filled, projected in zip(cache, layer.compute_key_value(x)):
+        filled = to_numpy(filled)
+        np.testing.assert_allclose(filled[:, :, :6], to_numpy(projected).transpose(0, 2, 1, 3), atol=1e-5)
+        assert np.all(filled[:, :, 6:] == 0)
 
 
 def test_cache_prefill_then_step():
@@ -167,7 +166,7 @@ def test_cache_with_value_dim_other_than_key_dim():
     x = np.random.default_rng(8).normal(size=(2, 4, 8)).astype("float32")
     full = to_numpy(layer(x, x, use_causal_mask=True))
     cache = layer.init_cache(2, 6)
-    assert tuple(cache.shape) == (2, 6, 2, 3 + 5)
+    assert [tuple(c.shape) for c in cache] == [(2, 2, 6, 3), (2, 2, 6, 5)]
     steps = []
     for i in range(4):
         out, cache = layer(x[:, i : i + 1], x[:, i : i + 1], use_causal_mask=True, cache=cache, cache_index=i)
@@ -184,10 +183,10 @@ def test_symbolic_cache_call_specs():
     """In a Functional graph, the cached call returns the output and a cache of the cache's shape."""
     layer = kt.layers.MultiHeadAttention(2)
     x = keras.Input((1, 8))
-    cache = keras.Input((6, 2, 8))
+    cache = (keras.Input((2, 6, 4)), keras.Input((2, 6, 4)))  # keys, values: (h, L, d) per row
     out, new_cache = layer(x, x, use_causal_mask=True, cache=cache, cache_index=2)
     assert tuple(out.shape) == (None, 1, 8)
-    assert tuple(new_cache.shape) == (None, 6, 2, 8)
+    assert [tuple(c.shape) for c in new_cache] == [(None, 2, 6, 4)] * 2
 
 
 def test_padding_masks_of_the_wrong_shape_are_refused():

@@ -103,8 +103,8 @@ def test_decoder_stack_cache_equals_full_pass():
     x, y, src_mask, _ = _inputs(6)
     full = to_numpy(decoder(y, x, encoder_padding_mask=src_mask))
     caches = decoder.init_cache(2, 5, x)
-    assert tuple(caches[0]["self_attention"].shape) == (2, 5, 2, 8)  # (B, L, h, d_k + d_v)
-    assert tuple(caches[0]["cross_attention"].shape) == (2, x.shape[1], 2, 8)
+    assert [tuple(c.shape) for c in caches[0]["self_attention"]] == [(2, 2, 5, 4)] * 2  # keys, values: (B, h, L, d)
+    assert [tuple(c.shape) for c in caches[0]["cross_attention"]] == [(2, 2, x.shape[1], 4)] * 2
     steps = []
     for i in range(5):
         out, caches = decoder(y[:, i : i + 1], None, encoder_padding_mask=src_mask, cache=caches, cache_index=i)

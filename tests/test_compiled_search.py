@@ -199,12 +199,13 @@ def test_a_loop_writes_its_cache_in_place_but_never_into_the_callers_tensors():
     np.testing.assert_array_equal(to_numpy(buffer), np.zeros((2, 5)))  # the caller's tensor is untouched
     (program,) = exported.programs.values()
     assert program.written == [1]  # `a` is written in place, `b` (read by nothing) is not
-    # The model's own search: every decoder layer's self-attention cache is written in place.
+    # The model's own search: every decoder layer's self-attention keys and values are
+    # written in place.
     model = _model(6)
     model.translate(SOURCE, 2, max_length=5)
     (model_search,) = model._searches.values()
     loops = [p for p in model_search.compiled.programs.values() if p.written]
-    assert len(loops) == 1 and len(loops[0].written) == 2
+    assert len(loops) == 1 and len(loops[0].written) == 2 * model.num_layers
 
 
 def _bucketed_batches():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import decoding
+from keras_transformer import _compat, decoding
 from tests.conftest import randomize_weights, to_numpy
 
 V = 7  # ids 0..3 reserved; the searches never emit [PAD]=0 or [START]=2
@@ -258,11 +258,11 @@ def test_beam_search_reorders_only_the_cache_the_step_changes(monkeypatch):
     # The encoder's keys and values (a tensor the step returns as it got it) hold equal
     # rows for every hypothesis of an input: reordering them would copy them for nothing.
     taken = []
-    take = keras.ops.take
+    take_rows = _compat.take_rows
 
-    def recording_take(x, indices, axis=None):
+    def recording_take(x, rows):
         taken.append(tuple(x.shape))
-        return take(x, indices, axis=axis)
+        return take_rows(x, rows)
 
     def step(tokens, cache, index):
         logits = keras.ops.stack([keras.ops.sum(cache["source"], axis=1) * 0.1 * (t + 1) for t in range(V)], axis=1)
@@ -270,7 +270,7 @@ def test_beam_search_reorders_only_the_cache_the_step_changes(monkeypatch):
 
     cache = {"source": keras.ops.convert_to_tensor(np.arange(6, dtype="float32").reshape(2, 3)),
              "history": keras.ops.zeros((2, 5))}
-    monkeypatch.setattr(keras.ops, "take", recording_take)
+    monkeypatch.setattr(_compat, "take_rows", recording_take)
     decoding.beam_search(step, cache, 2, 4, start_id=decoding.START_ID, end_id=decoding.END_ID,
                          pad_id=decoding.PAD_ID, beam_size=3, while_loop=decoding.eager_while_loop)
     assert (6, 5) in taken  # the history, reordered each step

@@ -107,3 +107,13 @@ def test_check_token_ids_rejects_floats_and_out_of_range():
     with pytest.raises(ValueError, match=r"min=-1"):
         kt.ops.check_token_ids(ops.convert_to_tensor(np.array([[-1, 3]], "int32")), 10)
     kt.ops.check_token_ids(ops.convert_to_tensor(np.array([[0, 9]], "int32")), 10)
+
+
+def test_take_rows_is_take_for_rows_in_range():
+    # A beam search's reordering (`_compat.take_rows`): on JAX without `jnp.take`'s bounds
+    # check, the same rows as `keras.ops.take` wherever they are in range.
+    from keras_transformer import _compat
+
+    x = np.arange(5 * 2 * 3, dtype="float32").reshape(5, 2, 3)
+    rows = np.array([4, 0, 0, 3, 1, 2], "int32")
+    np.testing.assert_array_equal(to_numpy(_compat.take_rows(x, rows)), x[rows])

@@ -53,8 +53,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `None`.
         use_causal_mask: Forbid attending to later positions (decoder self-attention).
             Defaults to `False`.
-        cache: The layer's cache, `(B, L, h, d_k + d_v)`: projected keys and values
-            of `L` positions side by side on the last axis (see "The cache" below).
+        cache: The layer's cache, `(keys, values)` of `L` positions, `(B, h, L, d_k)`
+            and `(B, h, L, d_v)` (see "The cache" below).
             With `cache_index`, the keys and values of the `T_q` new positions are
             written into it at `cache_index` and the queries attend over the filled
             part (incremental decoding). Without `cache_index` it holds precomputed
@@ -71,12 +71,17 @@ class MultiHeadAttention(keras.layers.Layer):
         if `cache` was given, the (updated) cache. Several results come as a tuple.
 
     The cache:
-        One tensor per layer, `(B, L, h, d_k + d_v)`: position `j` holds the projected
-        key of head `i` in `[..., j, i, :d_k]` and its value in `[..., j, i, d_k:]`.
-        `init_cache` makes an empty one for self-attention (`L` = the longest output),
-        `compute_cache` a full one for encoder-decoder attention (`L` = the source
-        length). Only this layer reads or writes inside it; the blocks, stacks, models
-        and searches carry it as an opaque tensor (beam search reorders its rows).
+        Two tensors per layer, `(keys, values)`, head-major: `keys[b, i, j]` is the
+        projected key of head `i` at position `j`, `(B, h, L, d_k)`, and `values`
+        likewise `(B, h, L, d_v)`. That is the layout the attention's products read,
+        so a decoding step writes one position in place and reads the cache as it is:
+        kept `(B, L, h, d)` (the projections' own layout), every step copied each
+        layer's whole cache into the head-major layout, about half of a beam search's
+        step at the `small` preset on a CPU. `init_cache` makes an empty one for
+        self-attention (`L` = the longest output), `compute_cache` a full one for
+        encoder-decoder attention (`L` = the source length). Only this layer reads or
+        writes inside it; the blocks, stacks, models and searches carry it as an
+        opaque nest (beam search reorders its rows).
 
     Example:
 
@@ -197,17 +202,29 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         # (B, T_q, h, d_k)
         q = self._split_heads(self.query_dense(query), self._key_dim)
-        if cache is not None and cache_index is None:
-            # Precomputed keys and values (e.g. the projected encoder output).
-            k, v = self._split_cache(cache)
-        else:
-            k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
-            if cache is not None:
-                new = ops.cast(ops.concatenate([k, v], axis=-1), cache.dtype)
-                cache = _compat.update_along(cache, cache_index, new, axis=1)
-                k, v = self._split_cache(cache)
+        if cache is not None:
+            if cache_index is not None:
+                # The new positions' keys and values, written into the cache.
+                cache = tuple(
+                    _compat.update_along(old, cache_index, ops.cast(self._heads_first(new), old.dtype), axis=2)
+                    for old, new in zip(cache, self.compute_key_value(value, key))
+                )
+            # (B, h, L, d_k), (B, h, L, d_v): precomputed (e.g. the projected encoder
+            # output) or the filled cache.
+            k, v = cache
+            mask = self._attention_mask(
+                q, ops.shape(k)[2], k.shape[2], attention_mask, query_mask, value_mask, use_causal_mask, cache_index
+            )
+            attended = kt_ops.scaled_dot_product_attention(
+                q, k, v, mask=mask, return_attention_scores=return_attention_scores, heads_first=True,
+            )
+            if return_attention_scores:
+                attended, weights = attended
+                return self._merge_heads(attended), weights, cache
+            return self._merge_heads(attended), cache
+        k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
 
-        if self.window is not None and cache is None:
+        if self.window is not None:
             if attention_mask is not None or return_attention_scores:
                 raise ValueError(
                     f"Layer '{self.name}': with `window`, attention is computed block-wise and "
@@ -223,7 +240,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return self._merge_heads(attended)
 
         mask = self._attention_mask(
-            q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
+            q, ops.shape(k)[1], k.shape[1], attention_mask, query_mask, value_mask, use_causal_mask, None
         )
         attended = kt_ops.scaled_dot_product_attention(
             q,
@@ -237,14 +254,8 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if return_attention_scores:
             attended, weights = attended
-        outputs = self._merge_heads(attended)
-
-        results = (outputs,)
-        if return_attention_scores:
-            results += (weights,)
-        if cache is not None:
-            results += (cache,)
-        return results[0] if len(results) == 1 else results
+            return self._merge_heads(attended), weights
+        return self._merge_heads(attended)
 
     def get_config(self):
         config = super().get_config()
@@ -269,7 +280,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         results = (outputs,)
         if return_attention_scores:
-            key_length = cache.shape[1] if cache is not None else value.shape[1]
+            key_length = cache[0].shape[2] if cache is not None else value.shape[1]
             results += (
                 keras.KerasTensor(
                     (query.shape[0], self.num_heads, query.shape[1], key_length),
@@ -277,7 +288,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 ),
             )
         if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+            results += (tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache),)
         return results[0] if len(results) == 1 else results
 
     def init_cache(self, batch_size, max_length, dtype=None):
@@ -289,12 +300,14 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype: Defaults to the layer's compute dtype.
 
         Returns:
-            Zeros `(batch_size, max_length, h, d_k + d_v)`, preallocated so that every
-            decoding step has the same shapes (and compiles once).
+            `(keys, values)`: zeros `(batch_size, h, max_length, d_k)` and
+            `(batch_size, h, max_length, d_v)`, preallocated so that every decoding
+            step has the same shapes (and compiles once).
         """
         self._check_built("init_cache")
-        width = self._key_dim + self._value_dim
-        return ops.zeros((batch_size, max_length, self.num_heads, width), dtype=dtype or self.compute_dtype)
+        dtype = dtype or self.compute_dtype
+        return tuple(ops.zeros((batch_size, self.num_heads, max_length, dim), dtype=dtype)
+                     for dim in (self._key_dim, self._value_dim))
 
     def compute_cache(self, value, key=None):
         """The projected keys and values of `value` (and `key`), as a full cache.
@@ -303,10 +316,10 @@ class MultiHeadAttention(keras.layers.Layer):
         and passed as `cache` (without `cache_index`) at every step.
 
         Returns:
-            `(B, T_k, h, d_k + d_v)`.
+            `(keys, values)`, `(B, h, T_k, d_k)` and `(B, h, T_k, d_v)`.
         """
         self._check_built("compute_cache")
-        return ops.concatenate(self.compute_key_value(value, key), axis=-1)
+        return tuple(self._heads_first(x) for x in self.compute_key_value(value, key))
 
     def compute_key_value(self, value, key=None):
         """Project `key` and `value` into heads: `(B, T_k, h, d_k)`, `(B, T_k, h, d_v)`."""
@@ -322,9 +335,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 "(call it once, or `build(query_shape, value_shape)`). Received: an unbuilt layer"
             )
 
-    def _split_cache(self, cache):
-        # (B, L, h, d_k + d_v) -> keys (B, L, h, d_k), values (B, L, h, d_v)
-        return cache[..., : self._key_dim], cache[..., self._key_dim :]
+    @staticmethod
+    def _heads_first(x):
+        # (B, T, h, d) -> (B, h, T, d)
+        return ops.transpose(x, (0, 2, 1, 3))
 
     def _merge_heads(self, attended):
         # (B, T_q, h, d_v) -> (B, T_q, h * d_v) -> (B, T_q, d_model)
@@ -347,10 +361,12 @@ class MultiHeadAttention(keras.layers.Layer):
             )
 
     def _attention_mask(
-        self, q, k, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
+        self, q, k_len, k_static, attention_mask, query_mask, value_mask, use_causal_mask, cache_index
     ):
-        """Combine the masks into one boolean tensor broadcastable to (B, h, T_q, T_k)."""
-        q_len, k_len = ops.shape(q)[1], ops.shape(k)[1]
+        """Combine the masks into one boolean tensor broadcastable to (B, h, T_q, T_k);
+        `k_len` is T_k (an int or a scalar tensor), `k_static` its static size or None;
+        `cache_index` is where the queries' positions start in a cache being filled."""
+        q_len = ops.shape(q)[1]
         masks = []
         if attention_mask is not None:
             rank = len(attention_mask.shape)
@@ -367,9 +383,9 @@ class MultiHeadAttention(keras.layers.Layer):
             masks.append(ops.reshape(ops.cast(query_mask, "bool"), (-1, 1, q_len, 1)))
         if value_mask is not None:
             # With a cache, the keys are the cache's positions: (B, max_length).
-            self._check_mask("value_mask", value_mask, (k.shape[0], k.shape[1]))
+            self._check_mask("value_mask", value_mask, (q.shape[0], k_static))
             masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
-        if cache is not None and cache_index is not None:
+        if cache_index is not None:
             # Only positions written so far are valid keys: j < cache_index + T_q.
             filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len
             masks.append(ops.reshape(filled, (1, 1, 1, k_len)))
