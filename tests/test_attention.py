@@ -199,3 +199,12 @@ def test_padding_masks_of_the_wrong_shape_are_refused():
         layer(y, x, query_mask=np.ones((2, 4, 1), bool))
     with pytest.raises(ValueError, match=r"value_mask.shape=\(1, 6\)"):
         layer(y, x, value_mask=np.ones((1, 6), bool))
+
+
+def test_a_cache_that_is_not_keys_and_values_is_refused():
+    layer = _layer(num_heads=2, d_model=8, t_q=1)
+    x = np.zeros((2, 1, 8), "float32")
+    keys, values = layer.init_cache(2, 4)
+    for bad in (keras.ops.concatenate([keys, values], axis=-1), (keys,), (keys, values[0])):
+        with pytest.raises(ValueError, match=r"`cache` must be `\(keys, values\)`"):
+            layer(x, x, use_causal_mask=True, cache=bad, cache_index=0)

@@ -80,8 +80,7 @@ class MultiHeadAttention(keras.layers.Layer):
         step at the `small` preset on a CPU. `init_cache` makes an empty one for
         self-attention (`L` = the longest output), `compute_cache` a full one for
         encoder-decoder attention (`L` = the source length). Only this layer reads or
-        writes inside it; the blocks, stacks, models and searches carry it as an
-        opaque nest (beam search reorders its rows).
+        writes inside it; the rest carries it (beam search reorders its rows).
 
     Example:
 
@@ -203,8 +202,8 @@ class MultiHeadAttention(keras.layers.Layer):
         # (B, T_q, h, d_k)
         q = self._split_heads(self.query_dense(query), self._key_dim)
         if cache is not None:
-            if cache_index is not None:
-                # The new positions' keys and values, written into the cache.
+            self._check_cache(cache)
+            if cache_index is not None:  # the new positions' keys and values, written in
                 cache = tuple(
                     _compat.update_along(old, cache_index, ops.cast(self._heads_first(new), old.dtype), axis=2)
                     for old, new in zip(cache, self.compute_key_value(value, key))
@@ -212,19 +211,10 @@ class MultiHeadAttention(keras.layers.Layer):
             # (B, h, L, d_k), (B, h, L, d_v): precomputed (e.g. the projected encoder
             # output) or the filled cache.
             k, v = cache
-            mask = self._attention_mask(
-                q, ops.shape(k)[2], k.shape[2], attention_mask, query_mask, value_mask, use_causal_mask, cache_index
-            )
-            attended = kt_ops.scaled_dot_product_attention(
-                q, k, v, mask=mask, return_attention_scores=return_attention_scores, heads_first=True,
-            )
-            if return_attention_scores:
-                attended, weights = attended
-                return self._merge_heads(attended), weights, cache
-            return self._merge_heads(attended), cache
-        k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
+        else:
+            k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
 
-        if self.window is not None:
+        if self.window is not None and cache is None:
             if attention_mask is not None or return_attention_scores:
                 raise ValueError(
                     f"Layer '{self.name}': with `window`, attention is computed block-wise and "
@@ -239,23 +229,18 @@ class MultiHeadAttention(keras.layers.Layer):
             )
             return self._merge_heads(attended)
 
+        time_axis = 1 if cache is None else 2
         mask = self._attention_mask(
-            q, ops.shape(k)[1], k.shape[1], attention_mask, query_mask, value_mask, use_causal_mask, None
+            q, ops.shape(k)[time_axis], k.shape[time_axis], attention_mask, query_mask, value_mask, use_causal_mask,
+            cache, cache_index,
         )
         attended = kt_ops.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            dropout=self.dropout,
-            training=training,
-            seed=self.seed_generator,
-            return_attention_scores=return_attention_scores,
+            q, k, v, mask=mask, dropout=self.dropout, training=training, seed=self.seed_generator,
+            return_attention_scores=return_attention_scores, heads_first=cache is not None,
         )
-        if return_attention_scores:
-            attended, weights = attended
-            return self._merge_heads(attended), weights
-        return self._merge_heads(attended)
+        results = attended if return_attention_scores else (attended,)
+        results = (self._merge_heads(results[0]),) + tuple(results[1:]) + (() if cache is None else (cache,))
+        return results[0] if len(results) == 1 else results
 
     def get_config(self):
         config = super().get_config()
@@ -335,6 +320,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 "(call it once, or `build(query_shape, value_shape)`). Received: an unbuilt layer"
             )
 
+    def _check_cache(self, cache):
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2 or any(len(c.shape) != 4 for c in cache):
+            got = [tuple(c.shape) for c in cache] if isinstance(cache, (tuple, list)) else tuple(cache.shape)
+            raise ValueError(f"Layer '{self.name}': `cache` must be `(keys, values)`, `(B, h, L, d_k)` and "
+                             f"`(B, h, L, d_v)`, as `init_cache` and `compute_cache` make them. Received: {got}")
+
     @staticmethod
     def _heads_first(x):
         # (B, T, h, d) -> (B, h, T, d)
@@ -361,11 +352,10 @@ class MultiHeadAttention(keras.layers.Layer):
             )
 
     def _attention_mask(
-        self, q, k_len, k_static, attention_mask, query_mask, value_mask, use_causal_mask, cache_index
+        self, q, k_len, k_static, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
     ):
         """Combine the masks into one boolean tensor broadcastable to (B, h, T_q, T_k);
-        `k_len` is T_k (an int or a scalar tensor), `k_static` its static size or None;
-        `cache_index` is where the queries' positions start in a cache being filled."""
+        `k_len` is T_k (an int or a scalar tensor), `k_static` its static size or None."""
         q_len = ops.shape(q)[1]
         masks = []
         if attention_mask is not None:
@@ -385,7 +375,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # With a cache, the keys are the cache's positions: (B, max_length).
             self._check_mask("value_mask", value_mask, (q.shape[0], k_static))
             masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
-        if cache_index is not None:
+        if cache is not None and cache_index is not None:
             # Only positions written so far are valid keys: j < cache_index + T_q.
             filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len
             masks.append(ops.reshape(filled, (1, 1, 1, k_len)))
