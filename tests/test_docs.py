@@ -1,8 +1,10 @@
-"""The Python code blocks of the README and of every docs page run, on every backend.
+"""The Python code blocks of the README and of every docs page run.
 
 A page's blocks run in order in one namespace, in a temporary directory, as a reader
-would paste them. A block preceded by `<!-- test: only <backend> -->` runs on that
-backend only; one preceded by `<!-- test: skip (reason) -->` needs what a test cannot
+would paste them. A page runs in the PyTorch suite: its code is the public API, whose
+results every backend's suite checks, and eager PyTorch runs a page's small models
+quickest. A page with a block preceded by `<!-- test: only <backend> -->` runs in every
+suite, and that block on that backend only; one preceded by `<!-- test: skip (reason) -->` needs what a test cannot
 have (a server, 8 devices) and is shown only. Lines `--8<-- "path"` (files included into the
 page) are replaced by the file, run as a module (definitions only, no `__main__`).
 The strict docs build (`make docs`) checks links, navigation and API names.
@@ -15,7 +17,7 @@ import re
 import pytest
 import yaml
 
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, only_on
 
 ROOT = pathlib.Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -33,7 +35,14 @@ def blocks(page):
         yield match["only"] or match["skip"], code, included and str(ROOT / included["path"])
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def _suites(page):
+    """Every suite for a page with a block of one backend's, the PyTorch suite for the others."""
+    if any(only not in (None, "skip") for only, _, _ in blocks(page)):
+        return ()
+    return only_on("torch", "the page's code is the public API, checked on every backend by the other tests")
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.relative_to(ROOT).as_posix(), marks=_suites(p)) for p in PAGES])
 def test_code_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(os, "environ", dict(os.environ))  # a block may set KERAS_BACKEND for readers

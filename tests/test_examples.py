@@ -1,7 +1,10 @@
-"""Every script in examples/ runs, on every backend, with smaller sizes than its defaults
-(multi_device.py on JAX and TensorFlow: in tests/test_distribution.py, whose children start
-those backends with several devices; export_and_serve.py on TensorFlow, where every
-backend's export runs)."""
+"""Every script in examples/ runs, with smaller sizes than its defaults, in one backend's
+suite: an example is the library's public API in a short script, and what it calls (the
+layers, training, search and export) is checked on every backend by the other tests.
+compose_layers, text_classifier and language_model run on PyTorch (eager training of a
+small model is quickest there), translate_files and export_and_serve on TensorFlow (where
+every backend's export runs), multi_device on PyTorch and, in tests/test_distribution.py,
+in children that start JAX and TensorFlow with several devices."""
 
 import importlib.util
 import pathlib
@@ -36,6 +39,11 @@ def test_every_example_is_short_and_tested():
         assert lines <= 120, f"examples/{name}.py has {lines} lines"
 
 
+ON_TORCH = only_on("torch", "an example of the public API; the layers and the training it uses are checked on "
+                             "every backend (test_layer_harness, test_learning)")
+
+
+@ON_TORCH
 def test_compose_layers():
     results = load("compose_layers").main(["--steps", "40", "--length", "8"])
     assert set(results) == {"functional", "subclassed"}
@@ -44,11 +52,13 @@ def test_compose_layers():
     assert min(results.values()) >= 0.88, results
 
 
+@ON_TORCH
 def test_text_classifier():
     accuracy = load("text_classifier").main(["--train-size", "600", "--epochs", "3", "--vocab-size", "200"])
     assert accuracy > 0.6, accuracy  # chance is 0.5; 0.73-0.76 on the three backends
 
 
+@ON_TORCH
 def test_language_model():
     perplexity = load("language_model").main(["--train-size", "600", "--epochs", "1"])
     assert 1.0 < perplexity < 32.0, perplexity  # a uniform guess over the 64 pieces is 64; 7.0-7.5 measured
@@ -62,8 +72,8 @@ def translate_files_run(tmp_path_factory):
     return run_dir, scores
 
 
-@only_on("tensorflow", "the example is the library's train, evaluate and translate, which the demo fixture "
-                       "(test_cli_translate) runs on every backend; its run feeds test_export_and_serve here")
+@only_on("tensorflow", "the example is the library's train, evaluate and translate, which test_cli_translate "
+                       "runs on every backend; its run feeds test_export_and_serve here")
 def test_translate_files(translate_files_run):
     run_dir, scores = translate_files_run
     assert scores["sentences"] == 2 and scores["bleu_signature"].startswith("nrefs:1")
@@ -72,7 +82,7 @@ def test_translate_files(translate_files_run):
 
 @pytest.mark.skipif(BACKEND != "tensorflow",
                     reason="export always runs on TensorFlow (a child process under JAX and PyTorch, which "
-                           "test_cli_translate's demo fixture runs on every backend); one backend keeps CI short")
+                           "test_export runs on every backend); one backend keeps CI short")
 def test_export_and_serve(translate_files_run, tmp_path):
     run_dir, _ = translate_files_run
     translations = load("export_and_serve").main(["--run-dir", str(run_dir), "--output", str(tmp_path / "saved")])
