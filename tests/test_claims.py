@@ -19,32 +19,36 @@ from tests.conftest import BACKEND, only_on
 
 JAX_ONLY = pytest.mark.skipif(
     BACKEND != "jax", reason="read from XLA's compiled program / jaxpr, which only the JAX backend exposes")
+# The measurements are research code about the paper's claims, not the library: each runs
+# in one suite. The layers they build are checked on every backend by the library's tests.
+ONCE = only_on("torch", "a measurement of the paper's claims, run once (eager PyTorch is quickest for it)")
 
 
+@ONCE
 @pytest.mark.parametrize("n", [6, 17])
 def test_self_attention_connects_every_pair_in_one_layer(n):
     assert table1.path_length("self-attention", n)["path"] == 1
 
 
+@ONCE
 @pytest.mark.parametrize("n,window", [(9, 4), (13, 3)])
 def test_restricted_attention_path_length_is_n_over_r(n, window):
     # Each layer extends the reach by r positions: ceil((n - 1) / r) layers from 1 to n.
     assert table1.path_length("restricted self-attention", n, window=window)["path"] == math.ceil((n - 1) / window)
-
-
+@ONCE
 def test_recurrent_path_is_one_cell_step_per_position():
     result = table1.path_length("recurrent", 10)
     assert result["layers"] == 1 and result["path"] == 10 and result["first_position_gradient"] > 0
 
 
+@ONCE
 @pytest.mark.parametrize("n", [9, 10])
 def test_convolution_path_lengths(n):
     # Causal, kernel 3: a contiguous layer reaches back 2 positions, so ceil((n - 1) / 2)
     # layers; dilations 1, 3, 9, ... reach back 3^L - 1, so ceil(log_3(n)) layers.
     assert table1.path_length("convolution", n, kernel_size=3)["path"] == math.ceil((n - 1) / 2)
     assert table1.path_length("dilated convolution", n, kernel_size=3)["path"] == math.ceil(math.log(n, 3) - 1e-9)
-
-
+@ONCE
 def test_unknown_layer_kind_is_refused():
     with pytest.raises(ValueError, match="Unknown layer kind"):
         table1.make_layer("transformer-xl", 8)
@@ -65,14 +69,14 @@ def test_attention_memory_grows_as_n_squared_restricted_as_n():
     restricted = [table1.layer_cost("restricted self-attention", n, 32, config)["temp_bytes"] for n in (128, 256)]
     assert 3.5 < full[1] / full[0] < 4.5
     assert 1.8 < restricted[1] / restricted[0] < 2.2
-
-
+@ONCE
 def test_input_gradient_matches_the_analytic_gradient():
     x = np.array([[0.5, -1.0, 2.0]], "float32")
     grad = measure.input_gradient(lambda v: v * v * v, x)
     np.testing.assert_allclose(grad, 3 * x**2, rtol=1e-6)
 
 
+@only_on("jax", "a measurement run, once: on JAX it also draws the plot read from XLA's compiled program")
 def test_full_run_writes_tables_json_and_plots(tmp_path):
     config = table1.Table1Config(lengths=(16, 32), widths=(8, 16), width=8, length=16, heads=2, window=4,
                                  path_lengths=(9,), depth_length=8, fit_points=2, repeats=1)
@@ -84,9 +88,8 @@ def test_full_run_writes_tables_json_and_plots(tmp_path):
     assert saved["layers"]["restricted self-attention"]["path_length"]["9"]["path"] == 2
     assert saved["layers"]["recurrent"]["path_length"]["9"]["path"] == 9
     assert "| self-attention | O(n^2 * d) |" in markdown  # the paper's column, labelled
-    assert len(pngs) == (3 if BACKEND == "jax" else 2) and all(p.stat().st_size > 1000 for p in pngs)
-
-
+    assert len(pngs) == 3 and all(p.stat().st_size > 1000 for p in pngs)
+@ONCE
 def test_dot_product_variance_grows_with_d_k_and_scaling_keeps_it_at_one():
     rows = notes.dot_product_scaling((16, 256), samples=4096, keys=64)
     for r in rows:
@@ -96,8 +99,7 @@ def test_dot_product_variance_grows_with_d_k_and_scaling_keeps_it_at_one():
     # Unscaled logits at d_k = 256 push the softmax towards one-hot and starve the gradient.
     assert big["unscaled_max_weight"] > 0.6 > big["scaled_max_weight"]
     assert big["unscaled_gradient"] < big["scaled_gradient"] / 3
-
-
+@ONCE
 def test_copy_batch_pads_source_and_decoder_input_consistently():
     x, y = notes.copy_batch(np.random.default_rng(0), 50, 7, 1, 7)
     lengths = (y != 0).sum(1)
@@ -106,8 +108,7 @@ def test_copy_batch_pads_source_and_decoder_input_consistently():
     assert (x["target_ids"][:, 0] == notes.START).all()
     shifted = x["target_ids"][:, 1:] != 0
     np.testing.assert_array_equal(x["target_ids"][:, 1:][shifted], y[:, :-1][shifted])
-
-
+@ONCE
 def test_copy_model_refuses_unknown_positions():
     with pytest.raises(ValueError, match="sinusoidal' or 'learned"):
         notes.CopyModel(16, 8, "rotary", max_positions=8)

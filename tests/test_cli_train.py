@@ -475,7 +475,7 @@ def test_a_progress_bar_only_in_a_terminal(monkeypatch):
     assert fit_verbosity(argparse.Namespace(quiet=False)) == 2
 
 
-@only_on("tensorflow", "backend-independent (tokenizer files and the command line's checks)")
+@only_on("torch", "backend-independent (tokenizer files and the command line's checks)")
 def test_a_damaged_tokenizer_is_one_line_naming_the_file_for_every_command(tmp_path, small, capsys):
     run = tmp_path / "run"
     assert _run(run, small, "--steps", "4") == 0

@@ -103,17 +103,16 @@ def test_n_best_lists_the_beam_best_first(demo, capsys):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow",
-                    reason="on JAX and PyTorch the command exports in a TensorFlow child process, the one the demo "
-                           "fixture's export step already runs on this backend; the command's own code is the same")
+                    reason="on JAX and PyTorch the command exports in a TensorFlow child process, the one "
+                           "test_export runs on every backend; the command's own code is the same")
 def test_export_command(demo, tmp_path, capsys):
     assert cli.main(["export", "--run-dir", str(demo / "run"), "--output", str(tmp_path / "sm")]) == 0
     assert (tmp_path / "sm" / "saved_model.pb").is_file()
     assert "tensorflow/serving" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow",
-                    reason="the command's --quantize is backend-independent code (load, model.quantize); the int8 "
-                           "search on each backend is test_compiled_search's quantize test, in every suite")
+@only_on("torch", "the command's --quantize is backend-independent code (load, model.quantize); the int8 "
+                  "search on each backend is test_compiled_search's quantize test, in every suite")
 def test_quantize_int8_translates_with_keras_int8_weights(demo, capsys):
     from keras_transformer.tools import evaluation
 

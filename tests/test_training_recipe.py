@@ -6,7 +6,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer.tools import callbacks as kt_callbacks
-from tests.conftest import to_numpy
+from tests.conftest import only_on, to_numpy
 
 
 def _logits_and_labels(seed=0):
@@ -79,6 +79,8 @@ def _data():
     return x, rng.integers(4, 11, (16, 5)).astype("int32")
 
 
+@only_on("torch", "the average is NumPy over the checkpoint files; saving and restoring each backend's "
+                  "state is test_training_state_restores_weights_optimizer_and_epoch, in every suite")
 def test_checkpoint_averager_averages_the_last_k(tmp_path):
     model = _compiled_model()
     averager = kt_callbacks.CheckpointAverager(tmp_path, num_checkpoints=3)
@@ -244,6 +246,8 @@ def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeyp
         kt_callbacks.TranslationScores(None, pairs, stop_at_exact_match=1.0, stop_checks=0)
 
 
+@only_on("torch", "the reason is the callbacks' own record; `stop_training` ending `fit` is Keras' rule on "
+                  "every backend")
 @pytest.mark.parametrize("how, reason", [("request_stop", "the budget is spent"),
                                          ("stop_training", "a callback asked to stop"), (None, "")])
 def test_the_reason_a_run_stopped_is_saved_when_it_is_decided(tmp_path, how, reason):
