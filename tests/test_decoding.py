@@ -281,16 +281,16 @@ def test_beam_search_reorders_only_the_cache_the_step_changes(monkeypatch):
 
 @pytest.mark.parametrize("beam_size, num_hypotheses", [(1, 1), (3, 2)])
 def test_translate_tries_a_short_buffer_first_with_the_full_searchs_result(beam_size, num_hypotheses):
-    # The source is 4 wide: outputs may have 54 tokens, `translate` searches with 20 first.
+    # The source is 4 wide: `translate` searches with 20 tokens first, then the full 30.
     # Model 0's outputs all end within 20 tokens; some of model 1's do not (many random
     # models never end), so it is searched again; with min_length 21, only the full search
     # (the same rule for every beam size: checked once).
     source = _source()
-    cases = ((0, 0, {20}), (1, 0, {20, 54})) + (((0, 21, {54}),) if beam_size == 1 else ())
+    cases = ((0, 0, {20}), (1, 0, {20, 30})) + (((0, 21, {30}),) if beam_size == 1 else ())
     for seed, min_length, lengths in cases:
         model = _model(seed=seed, scale=0.8)
-        expected = model.search(source, 54, beam_size=beam_size, min_length=min_length, num_hypotheses=num_hypotheses)
-        got = model.translate(source, beam_size, min_length=min_length, num_hypotheses=num_hypotheses,
+        expected = model.search(source, 30, beam_size=beam_size, min_length=min_length, num_hypotheses=num_hypotheses)
+        got = model.translate(source, beam_size, max_length=30, min_length=min_length, num_hypotheses=num_hypotheses,
                               return_scores=True)
         assert {key[0] for key in model._searches.keys()} == lengths
         np.testing.assert_array_equal(to_numpy(got[0], "int32"), to_numpy(expected[0], "int32"))
