@@ -229,10 +229,9 @@ class MultiHeadAttention(keras.layers.Layer):
             )
             return self._merge_heads(attended)
 
-        time_axis = 1 if cache is None else 2
         mask = self._attention_mask(
-            q, ops.shape(k)[time_axis], k.shape[time_axis], attention_mask, query_mask, value_mask, use_causal_mask,
-            cache, cache_index,
+            q, k, 1 if cache is None else 2, attention_mask, query_mask, value_mask, use_causal_mask,
+            None if cache is None else cache_index,
         )
         attended = kt_ops.scaled_dot_product_attention(
             q, k, v, mask=mask, dropout=self.dropout, training=training, seed=self.seed_generator,
@@ -351,12 +350,11 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"Received: {name}.shape={shape}"
             )
 
-    def _attention_mask(
-        self, q, k_len, k_static, attention_mask, query_mask, value_mask, use_causal_mask, cache, cache_index
-    ):
+    def _attention_mask(self, q, k, time_axis, attention_mask, query_mask, value_mask, use_causal_mask, cache_index):
         """Combine the masks into one boolean tensor broadcastable to (B, h, T_q, T_k);
-        `k_len` is T_k (an int or a scalar tensor), `k_static` its static size or None."""
-        q_len = ops.shape(q)[1]
+        the keys' positions are `k`'s `time_axis`; `cache_index` is where the queries'
+        positions start in a cache being filled (None without a cache)."""
+        q_len, k_len, k_static = ops.shape(q)[1], ops.shape(k)[time_axis], k.shape[time_axis]
         masks = []
         if attention_mask is not None:
             rank = len(attention_mask.shape)
@@ -375,7 +373,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # With a cache, the keys are the cache's positions: (B, max_length).
             self._check_mask("value_mask", value_mask, (q.shape[0], k_static))
             masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
-        if cache is not None and cache_index is not None:
+        if cache_index is not None:
             # Only positions written so far are valid keys: j < cache_index + T_q.
             filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len
             masks.append(ops.reshape(filled, (1, 1, 1, k_len)))
