@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.tools import cli, evaluation
+from tests.conftest import only_on
 
 
 
@@ -40,11 +41,10 @@ def _jax_on_cpu():
 
 @pytest.mark.parametrize("policy", [
     "bfloat16",
-    pytest.param("float16", marks=pytest.mark.skipif(
-        keras.backend.backend() != "torch",
-        reason="float16 adds Keras' LossScaleOptimizer to the bfloat16 run's path, the same Keras code on every "
-               "backend: checked in the PyTorch suite (XLA on CPU has no float16 matrix product with float32 "
-               "accumulation: test_float16_on_jax_cpu_is_refused checks the message)")),
+    pytest.param("float16", marks=only_on(
+        "torch", "float16 adds Keras' LossScaleOptimizer to the bfloat16 run's path, the same Keras code on every "
+                 "backend (XLA on CPU has no float16 matrix product with float32 accumulation: "
+                 "test_float16_on_jax_cpu_is_refused checks the message)")),
 ])
 def test_a_mixed_precision_run_trains_resumes_and_translates(policy, trained):
     out, args = trained(policy)
