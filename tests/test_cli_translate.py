@@ -17,7 +17,8 @@ from tests.conftest import BACKEND, only_on
 def demo(tmp_path_factory):
     """The demo end to end, shortened: train, beam-search evaluation, export, reload.
 
-    On JAX and PyTorch, only its first step (`train`, the same run): the other steps are
+    On JAX and PyTorch, a `train` run with the demo's model and tokenizer (the tiny preset,
+    no dropout, WordPiece) and the library's default schedule: the demo's other steps are
     the commands and the export the tests below and test_export run on every backend, and
     each would start a TensorFlow child process here."""
     out = tmp_path_factory.mktemp("demo")
