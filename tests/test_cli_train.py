@@ -344,12 +344,41 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
             (tmp_path / "metrics.json").write_bytes(junk)
         assert run_setup.finished_metrics(config, tmp_path) is None, junk
     # A resumption state that is not one is one error line; nothing is lost or written.
+    state = (tmp_path / "state" / "state.npz").read_bytes()
     (tmp_path / "state" / "state.npz").write_bytes(b"PK\x03\x04 cut short")
     before = _snapshot(tmp_path)
     assert _run(tmp_path, small, *args) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "state.npz is not a resumption state (BadZipFile" in err, err
     assert _snapshot(tmp_path) == before
+    # So is every other file a resume reads, found before training: the epoch and best
+    # checkpoints, the best epochs' scores, the log; each named, with what to do.
+    (tmp_path / "state" / "state.npz").write_bytes(state)
+    for name, junk, message in (
+        ("checkpoints/checkpoint_000002.npz", b"PK\x03\x04 cut short", "is not a readable checkpoint (BadZipFile"),
+        ("best/checkpoint_000002.npz", b"", "is not a readable checkpoint (BadZipFile"),
+        ("best/best.json", b'{"scores": {"1": [0.5]}}', "best.json is not a record of validation scores (IndexError"),
+        ("log.csv", b"epoch,loss\n0,0.5\n1,oops\n", "log.csv is not a training log (line 3: ValueError"),
+    ):
+        good = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(junk)
+        before = _snapshot(tmp_path)
+        assert _run(tmp_path, small, *args) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and f"{tmp_path / name.split('/')[0]}" in err and message in err, err
+        assert _snapshot(tmp_path) == before
+        (tmp_path / name).write_bytes(good)
+    # A checkpoint whose index reads but whose weights do not (a flipped byte) is found when
+    # the final model averages it: one line too, and the rerun once it is removed finishes.
+    damaged = bytearray(good := (tmp_path / "checkpoints" / "checkpoint_000002.npz").read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (tmp_path / "checkpoints" / "checkpoint_000002.npz").write_bytes(bytes(damaged))
+    assert _run(tmp_path, small, *args) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "checkpoint_000002.npz is not a readable checkpoint (BadZipFile" in err, err
+    (tmp_path / "checkpoints" / "checkpoint_000002.npz").unlink()
+    assert _run(tmp_path, small, *args) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8
 
 
 def test_reverse_swaps_the_direction_of_every_corpus(tmp_path):

@@ -95,6 +95,28 @@ class TrainingCurves(keras.callbacks.Callback):
         plot_training_curves(self.csv_path, self.png_path, self.steps_per_epoch, self.steps)
 
 
+def read_log(csv_path) -> list[dict]:
+    """The rows of a `keras.callbacks.CSVLogger` file: `epoch` an int, every other column a
+    float, or None where the row has no value (a metric only some epochs log).
+
+    Raises `files.RunDirError` naming the file, the line and what to do if a row is not
+    such a row (a damaged or hand-edited log: a resumed run appends to it)."""
+    rows, where = [], ""
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                where = f"line {reader.line_num}: "
+                if None in row or "epoch" not in row:
+                    raise ValueError(f"not the header's columns {reader.fieldnames}")
+                rows.append({k: int(v) if k == "epoch" else None if v in ("", None) else float(v)
+                             for k, v in row.items()})
+    except (OSError, ValueError, TypeError) as e:
+        raise files.RunDirError(f"{csv_path} is not a training log ({where}{type(e).__name__}: {e}). "
+                                f"Remove {csv_path} to log from the next epoch on, or use another --output-dir.") from None
+    return rows
+
+
 def plot_training_curves(csv_path, png_path, steps_per_epoch: int, steps: int | None = None) -> bool:
     """Write the PNG; return `False` if the log has no rows yet. `steps`, the run's last
     step, places a last epoch that `StepBudget` cut short.
@@ -103,11 +125,10 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int, steps: int | 
     the process's matplotlib backend and pyplot's figures are left alone."""
     from matplotlib.figure import Figure
 
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_log(csv_path)
     if not rows:
         return False
-    steps = [min((int(r["epoch"]) + 1) * steps_per_epoch, steps or float("inf")) for r in rows]
+    steps = [min((r["epoch"] + 1) * steps_per_epoch, steps or float("inf")) for r in rows]
     panels = [("loss", ("loss", "val_loss")), ("accuracy", ("accuracy", "val_accuracy"))]
     if "val_bleu" in rows[0]:  # written by TranslationScores
         panels.append(("validation translations", ("val_bleu", "val_chrf", "val_exact_match")))
@@ -116,7 +137,7 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int, steps: int | 
     for ax, (title, keys) in zip(axes, panels):
         for key in keys:
             if key in rows[0]:
-                values = [float(r[key]) * (100 if key == "val_exact_match" else 1) for r in rows if r[key] != ""]
+                values = [r[key] * (100 if key == "val_exact_match" else 1) for r in rows if r[key] is not None]
                 label = "val_exact_match (%)" if key == "val_exact_match" else key
                 ax.plot(steps[len(steps) - len(values):], values, "--" if key.startswith("val_") else "-", label=label)
         ax.set_xlabel("step")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import zipfile
 
 import keras
 import numpy as np
@@ -168,8 +169,6 @@ class TrainingState(keras.callbacks.Callback):
 
         Raises `ValueError` if the file is not a state `TrainingState` wrote.
         """
-        import zipfile
-
         path = pathlib.Path(directory) / cls.FILENAME
         if not path.is_file():
             return None
@@ -307,10 +306,7 @@ class BestCheckpoints(_CheckpointKeeper):
 
     def scores(self) -> dict[int, tuple[float, float]]:
         """`{epoch: (val_{metric}, val_chrf)}` for every epoch scored so far (epochs count from 1)."""
-        path = self.directory / self.RECORD
-        if not path.is_file():
-            return {}
-        return {int(k): tuple(v) for k, v in json.loads(path.read_text(encoding="utf-8"))["scores"].items()}
+        return read_scores(self.directory)
 
     def ranked(self, scores: dict | None = None) -> list[int]:
         """Scored epochs, best first (the earlier epoch first among equals)."""
@@ -354,8 +350,11 @@ def average_checkpoints(model: keras.Model, paths) -> int:
         return 0
     total = None
     for path in paths:
-        with np.load(path) as data:
-            arrays = {k: data[k].astype("float64") for k in data.files}
+        try:
+            with np.load(path) as data:
+                arrays = {k: data[k].astype("float64") for k in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise _unreadable_checkpoint(path, e) from None
         if total is not None and set(arrays) != set(total):
             raise ValueError(f"{path} holds other weights than {paths[0]}; they cannot be averaged.")
         total = arrays if total is None else {k: t + arrays[k] for k, t in total.items()}
@@ -363,3 +362,37 @@ def average_checkpoints(model: keras.Model, paths) -> int:
             f"the average of {paths[0].parent}")
     return len(paths)
 
+
+
+def check_checkpoint(path) -> None:
+    """Raise `files.RunDirError` naming `path` and what to do if it cannot be opened as a
+    checkpoint (a damaged or truncated archive). Reads the archive's index, not the weights:
+    `average_checkpoints` reports what only reading them finds."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not archive.namelist():
+                raise ValueError("it holds no weights")
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise _unreadable_checkpoint(path, e) from None
+
+
+def _unreadable_checkpoint(path, error: Exception) -> files.RunDirError:
+    return files.RunDirError(
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}). Remove it (the run's final "
+        "model then leaves that epoch out), or use another --output-dir.")
+
+
+def read_scores(directory) -> dict[int, tuple[float, float]]:
+    """The validation scores `BestCheckpoints` recorded in `directory` (`{}` if none).
+
+    Raises `files.RunDirError` naming the record and what to do if it cannot be read."""
+    path = pathlib.Path(directory) / BestCheckpoints.RECORD
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return {int(k): (float(v[0]), float(v[1])) for k, v in record["scores"].items()}
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise files.RunDirError(
+            f"{path} is not a record of validation scores ({type(e).__name__}: {e}). Remove {path.parent} to "
+            "rank the epochs from the next one on, or use another --output-dir.") from None

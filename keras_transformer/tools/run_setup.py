@@ -17,7 +17,8 @@ import keras
 from keras_transformer.tools import checkpoints, files
 from keras_transformer.tools.config import RunError, TrainConfig
 
-__all__ = ["check_mixed_precision", "check_output_dir", "data_statistics", "load_corpus", "prepare"]
+__all__ = ["check_mixed_precision", "check_output_dir", "check_saved_progress", "data_statistics", "load_corpus",
+           "prepare", "state_error"]
 
 
 def load_corpus(config: TrainConfig):
@@ -80,6 +81,31 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
             "Use another --output-dir, or the same flags to resume that run."
         )
     return True
+
+
+def check_saved_progress(directory: pathlib.Path) -> None:
+    """Refuse to resume a run whose saved progress cannot be read: the resumption state,
+    the epoch checkpoints, the best epochs' checkpoints and scores, and the log. Checked
+    before training, so that a damaged file is one line naming it and what to do, not an
+    error after the epochs that are left."""
+    from keras_transformer.tools import callbacks
+
+    try:
+        checkpoints.TrainingState.progress(directory / "state")
+    except ValueError as e:
+        raise state_error(e, directory) from None
+    for kept in ("checkpoints", "best"):
+        for path in sorted((directory / kept).glob("checkpoint_*.npz")):
+            checkpoints.check_checkpoint(path)
+    checkpoints.read_scores(directory / "best")
+    if (directory / "log.csv").is_file():
+        callbacks.read_log(directory / "log.csv")
+
+
+def state_error(error: ValueError, directory: pathlib.Path) -> RunError:
+    """The message for a resumption state that cannot be read (or loaded into the model)."""
+    return RunError(f"{error}. Remove {directory / 'state'} to train the run from its start, or use another "
+                    "--output-dir.")
 
 
 def check_mixed_precision(precision: str | None) -> None:

@@ -108,7 +108,9 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
         if resuming and cluster.chief:
             with files.lock(output_dir / "train.lock", busy):
                 finished = run_setup.finished_metrics(config, output_dir)
-    except RunError as e:
+                if finished is None:
+                    run_setup.check_saved_progress(output_dir)
+    except (RunError, files.RunDirError) as e:
         error = e
     collectives.agree(cluster, error)
     if collectives.stop_together(cluster, finished is not None):
@@ -184,8 +186,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
         try:
             initial_epoch = kt_callbacks.TrainingState.restore(model, output_dir / "state")
         except ValueError as e:
-            raise RunError(f"{e}. Remove {output_dir / 'state'} to train the run from its start, or use another "
-                           "--output-dir.") from None
+            raise run_setup.state_error(e, output_dir) from None
     distributed_fit.wrap_model(cluster, model)
     epochs = config.epochs()
     if kt_callbacks.TrainingState.stopped(output_dir / "state"):
