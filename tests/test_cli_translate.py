@@ -179,7 +179,18 @@ def test_missing_or_broken_checkpoint_exits_2(tmp_path, capsys):
     (tmp_path / "run" / "model.keras").write_text("not a model")
     assert cli.main(["export", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert "is not a Keras model file" in err and err.count("error:") == 1
+    assert "model.keras is not a Keras model file (ValueError: not a zip archive" in err and err.count("error:") == 1
+    assert "Remove" not in err, err  # no config.json: not a directory train wrote, so no advice to rerun it
+    # In a run directory, the message says how `train` writes the model again.
+    from keras_transformer.tools import evaluation
+    from keras_transformer.tools.files import RunDirError
+
+    (tmp_path / "run" / "config.json").write_text("{}")
+    (tmp_path / "run" / "best").mkdir()
+    for model_file in (tmp_path / "run" / "model.keras", tmp_path / "run" / "best" / "model.keras"):
+        model_file.write_bytes(b"PK\x03\x04 cut short")
+        with pytest.raises(RunDirError, match=re.escape(f"Remove {tmp_path / 'run' / 'metrics.json'} and run the same")):
+            evaluation.load_model_file(model_file)
 
 
 def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",), env_set=None):

@@ -239,8 +239,8 @@ def test_parallel_files_gzip_and_empty_lines(tmp_path):
 def test_parallel_files_errors_name_files_counts_and_lines(tmp_path):
     src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
     src.write_text("a\nb\nc\n")
-    tgt.write_text("x\ny\n")
-    with pytest.raises(corpora.CorpusError, match=r"s.txt has 3 lines, .*t.txt has 2 lines"):
+    tgt.write_text("x\n")
+    with pytest.raises(corpora.CorpusError, match=r"s.txt has 3 lines, .*t.txt has 1 line\."):
         corpora.read_parallel_files(src, tgt)
     with pytest.raises(corpora.CorpusError, match=r"File not found: .*missing.txt"):
         corpora.read_parallel_files(src, tmp_path / "missing.txt")

@@ -66,11 +66,22 @@ def quantize_model(model, mode: str = "int8"):
 
 
 def load_model_file(model_file):
-    """The Transformer saved in `model_file` (one that exists: see `files.run_model_file`)."""
+    """The Transformer saved in `model_file` (one that exists: see `files.run_model_file`).
+
+    A file that cannot be loaded is a `RunDirError` naming it, why, and, in a run
+    directory, how `train` writes it again."""
+    import zipfile
+
+    model_file = pathlib.Path(model_file)
     try:
+        if not zipfile.is_zipfile(model_file):  # Keras says "File not found" for these
+            raise ValueError("not a zip archive: damaged or cut short")
         model = keras.saving.load_model(model_file)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same message
-        raise RunDirError(f"{model_file} is not a Keras model file ({type(e).__name__}: {str(e)[:200]}).") from None
+        run = model_file.parent.parent if model_file.parent.name == "best" else model_file.parent
+        fix = (f" Remove {run / 'metrics.json'} and run the same `keras-transformer train` again: it writes the "
+               "run's models anew from its checkpoints." if (run / "config.json").is_file() else "")
+        raise RunDirError(f"{model_file} is not a Keras model file ({type(e).__name__}: {str(e)[:200]}).{fix}") from None
     from keras_transformer.models import Transformer
 
     if not isinstance(model, Transformer):

@@ -239,10 +239,14 @@ def read_parallel_files(source_file, target_file) -> tuple[list[Pair], int]:
     targets = [t for _, t in _lines(target_file)]
     if len(sources) != len(targets):
         raise CorpusError(
-            f"The aligned files have different line counts: {source_file} has "
-            f"{len(sources)} lines, {target_file} has {len(targets)} lines."
+            f"The aligned files have different line counts: {source_file} has {_count(len(sources), 'line')}, "
+            f"{target_file} has {_count(len(targets), 'line')}."
         )
     return _drop_empty(zip(sources, targets))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def read_tsv(path) -> tuple[list[Pair], int]:
