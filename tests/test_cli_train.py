@@ -130,6 +130,7 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
 @pytest.mark.parametrize("argv, message", [
     (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
     (["train", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["train", "--steps", "2", "--epochs", "3"], "argument --epochs: not allowed with argument --steps"),
     (["translate", "--beam-size", "0", "x"], "argument --beam-size: must be >= 1, got 0"),
     (["translate", "--batch-size", "-1", "x"], "argument --batch-size: must be >= 1, got -1"),
     (["evaluate", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),

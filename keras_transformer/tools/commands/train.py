@@ -24,14 +24,16 @@ def add_parser(sub) -> None:
             "The backend is KERAS_BACKEND (tensorflow, jax or torch)."
         ),
     )
-    groups = {}
+    groups, steps_or_epochs = {}, None
     for field in dataclasses.fields(TrainConfig):  # one flag per setting, from its metadata
         group = field.metadata["group"]
         if group not in groups:
             groups[group] = p.add_argument_group(group)
-        _add_setting_flag(groups[group], field)
-    groups["training"].add_argument("--epochs", type=at_least(1),
-                                    help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
+        if field.name == "steps":  # --epochs says the same another way: one or the other
+            steps_or_epochs = groups[group].add_mutually_exclusive_group()
+        _add_setting_flag(steps_or_epochs if field.name == "steps" else groups[group], field)
+    steps_or_epochs.add_argument("--epochs", type=at_least(1),
+                                 help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
