@@ -141,6 +141,16 @@ def test_output_shape_and_padding_after_end():
     assert ended_early >= 1, out  # the padding rule was checked on at least one row
 
 
+def test_an_empty_batch_gives_empty_results_of_the_search_shapes():
+    # A server's batch can be empty: no search runs, and the shapes are those of a search.
+    model, empty = _model(), _source()[:0]
+    for settings, shapes in ((dict(beam_size=1), [(0, 9), (0,)]), (dict(beam_size=3, num_hypotheses=2), [(0, 2, 9), (0, 2)])):
+        tokens, scores = model.translate(empty, max_length=9, return_scores=True, **settings)
+        assert [tuple(tokens.shape), tuple(scores.shape)] == shapes
+        assert keras.backend.standardize_dtype(tokens.dtype) == "int32" and not model._searches
+    assert tuple(model.translate(empty, max_extra_length=3).shape) == (0, _source().shape[1] + 3)
+
+
 def test_bad_arguments():
     model = _model()
     with pytest.raises(ValueError, match="beam_size"):
@@ -152,9 +162,12 @@ def test_bad_arguments():
     for settings, message in ((dict(max_length=0), "`max_length` must be a positive integer or None"),
                               (dict(max_length=2.5), "`max_length` must be a positive integer or None"),
                               (dict(max_extra_length=-5), "`max_extra_length` must be an integer >= 0"),
-                              (dict(min_length=-1), "`min_length` must be an integer >= 0")):
+                              (dict(min_length=-1), "`min_length` must be an integer >= 0"),
+                              (dict(max_length=5, min_length=6), "`min_length` must be at most the longest output, 5")):
         with pytest.raises(ValueError, match=message):
             model.translate(_source(), **settings)
+    with pytest.raises(ValueError, match=r"at least one position per row. Received: shape=\(3, 0\)"):
+        model.translate(_source()[:, :0])
     vocab_size = model.vocab_size
     for bad in (vocab_size, -1):
         source = _source().copy()

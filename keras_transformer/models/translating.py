@@ -141,12 +141,22 @@ class Translating:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
         _checks.positive_ints(max_length=max_length, optional=True)
         _checks.counts(max_extra_length=max_extra_length, min_length=min_length)
+        batch, width = source_ids.shape
+        if width == 0:  # attention over no positions is undefined
+            raise ValueError(f"`source_ids` must hold at least one position per row. Received: shape={(batch, 0)}")
+        max_length = int(width + max_extra_length if max_length is None else max_length)
+        if min_length > max_length:
+            raise ValueError(f"`min_length` must be at most the longest output, {max_length}. "
+                             f"Received: min_length={min_length}")
+        if batch == 0:  # nothing to search: empty results of the shapes a search returns
+            shape = (0, max_length) if num_hypotheses == 1 else (0, num_hypotheses, max_length)
+            tokens, scores = ops.zeros(shape, "int32"), ops.zeros(shape[:-1], "float32")
+            return (tokens, scores) if return_scores else tokens
         # Here, not only in the embedding: inside the compiled search the ids cannot be read,
         # and a lookup past the table clamps (JAX) or fails inside the search.
         kt_ops.check_token_ids(source_ids, self.vocab_size, name="source_ids")
         if not self.built:
             self.build()
-        max_length = int(source_ids.shape[1] + max_extra_length if max_length is None else max_length)
         mode = "default" if compile is True else compile
 
         source_ids = ops.cast(source_ids, "int32")
