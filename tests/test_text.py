@@ -176,6 +176,21 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=10)
 
 
+def test_dense_conveniences_refuse_a_bare_string_and_ids_past_the_vocabulary(tokenizer):
+    import tensorflow as tf
+
+    # A string is a sequence of its characters: as `texts` it would give one row per character.
+    with pytest.raises(TypeError, match=r"for one text, pass \[text\]"):
+        tokenizer.tokenize_dense("forty-two")
+    size = tokenizer.vocab_size
+    for ids in ([[5, size]], np.array([[-1, 5]]), tf.ragged.constant([[5], [5, size + 7]], dtype=tf.int64)):
+        with pytest.raises(ValueError, match=rf"`ids` must be in \[0, {size}\)"):
+            tokenizer.detokenize_dense(ids)
+    # No rows, and rows of no ids.
+    assert tokenizer.detokenize_dense([]) == [] and tokenizer.detokenize_dense(np.zeros((2, 0), "int32")) == ["", ""]
+    assert tokenizer.tokenize_dense([]).shape == (0, 0)
+
+
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
 def test_reserved_tokens_can_sit_at_other_ids(kind):
     tok = Tokenizer.build(["zwei und vierzig", "forty two"] * 5, vocab_size=60, min_frequency=1,

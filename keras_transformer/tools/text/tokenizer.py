@@ -164,13 +164,25 @@ class Tokenizer(tf.Module):
         raise NotImplementedError
 
     def tokenize_dense(self, texts) -> tf.Tensor:
-        """Convenience: tokenize and pad with `[PAD]` to a dense int32 `(B, T)`."""
+        """Convenience: a list of strings -> ids padded with `[PAD]`, a dense int32 `(B, T)`."""
+        if isinstance(texts, (str, bytes)):  # a string is a sequence too: of its characters
+            raise TypeError(f"`texts` must be a list of strings; for one text, pass [text]. Received: {texts!r:.60}")
         return tf.cast(self.tokenize(tf.constant(list(texts), tf.string)).to_tensor(self.pad_id), tf.int32)
 
     def detokenize_dense(self, ids) -> list[str]:
-        """Convenience: dense or ragged ids (NumPy or tensor) -> a list of Python strings."""
+        """Convenience: dense or ragged ids `(B, T)` (NumPy or tensor) -> B Python strings.
+
+        Raises `ValueError` for an id outside the vocabulary (inside the graph it would
+        fail as a gather out of range)."""
         if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(tf.cast(tf.convert_to_tensor(ids), tf.int64))
+            ids = tf.convert_to_tensor(ids)
+            if ids.shape.rank == 1 and ids.shape[0] == 0:  # `[]`: no rows
+                return []
+            ids = tf.RaggedTensor.from_tensor(tf.cast(ids, tf.int64))
+        values = ids.flat_values.numpy()
+        if values.size and (values.min() < 0 or values.max() >= self.vocab_size):
+            raise ValueError(f"`ids` must be in [0, {self.vocab_size}) (the vocabulary). "
+                             f"Received: min={values.min()}, max={values.max()}")
         return [s.decode("utf-8") for s in self.detokenize(tf.cast(ids, tf.int64)).numpy()]
 
     def save(self, directory: str | os.PathLike) -> None:
