@@ -1,5 +1,5 @@
-"""Argument checks shared by the layers, the model, the loss and the searches: one
-rule, one wording. `where` names the object that refuses (`"Layer 'encoder': "`)."""
+"""Argument checks shared by the layers, the model, the loss, the searches and the tools'
+text functions: one rule, one wording. `where` names the object that refuses (`"Layer 'encoder': "`)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,11 @@ def beam(beam_size, num_hypotheses) -> None:
             f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "
             f"Received: num_hypotheses={num_hypotheses!r}"
         )
+
+
+def texts(value, name: str = "texts") -> list:
+    """`value` as a list of texts; a bare string is refused, since as a sequence it would be
+    taken for one text per character."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"`{name}` must be a list of strings; for one text, pass [text]. Received: {value!r:.60}")
+    return list(value)

@@ -365,3 +365,22 @@ def test_default_decode_batches_keep_the_token_budget_and_the_row_cap(tokenizer,
     assert rows * beam_size * (max(widths) + MAX_EXTRA_LENGTH) <= DECODE_BATCH_TOKENS
     by_tokens = DECODE_BATCH_TOKENS // (beam_size * (max(widths) + MAX_EXTRA_LENGTH))
     assert rows == (DECODE_MAX_BATCH if beam_size == 1 else by_tokens)
+
+
+def test_text_functions_refuse_a_bare_string_and_scores_need_one_hypothesis_per_reference(tokenizer):
+    from types import SimpleNamespace
+
+    from keras_transformer.tools import evaluation
+
+    model = SimpleNamespace(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, start_id=tokenizer.start_id,
+                            end_id=tokenizer.end_id)  # refused before anything is translated
+    with pytest.raises(TypeError, match=r"`texts` must be a list of strings; for one text, pass \[text\]"):
+        evaluation.translate_texts(model, tokenizer, "forty-two")
+    with pytest.raises(TypeError, match="`references` must be a list of strings"):
+        evaluation.score(["a b"], "a b")
+    for hypotheses, references in ((["a"], ["a", "b"]), ([], [])):
+        with pytest.raises(ValueError, match=f"one hypothesis per reference, at least one. Received: "
+                                             f"{len(hypotheses)} hypotheses, {len(references)} references"):
+            evaluation.score(hypotheses, references)
+    scores = evaluation.score(["the cat sat on the mat", "a dog"], ["the cat sat on the mat", "the dog"])
+    assert scores["exact_match"] == 0.5 and scores["sentences"] == 2 and 0 < scores["bleu"] < 100

@@ -8,6 +8,7 @@ import pathlib
 import keras
 import numpy as np
 
+from keras_transformer import _checks
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
                                         MAX_EXTRA_LENGTH, QUANTIZE_MODES)
 from keras_transformer.tools import files
@@ -112,7 +113,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     first (`n <= beam_size`).
     """
     check_special_ids(model, tokenizer)
-    texts = list(texts)
+    texts = _checks.texts(texts)
     if not texts:
         return []
     # One tokenizer call for all texts; each row without its padding.
@@ -158,6 +159,10 @@ def score(hypotheses, references, tokenizer=None) -> dict:
     """
     import sacrebleu
 
+    hypotheses, references = _checks.texts(hypotheses, "hypotheses"), _checks.texts(references, "references")
+    if len(hypotheses) != len(references) or not references:
+        raise ValueError(f"Give one hypothesis per reference, at least one. Received: {len(hypotheses)} hypotheses, "
+                         f"{len(references)} references")
     if tokenizer is not None and tokenizer.kind == "wordpiece":
         references = tokenizer.detokenize_dense(tokenizer.tokenize_dense(references).numpy())
     else:
@@ -172,7 +177,7 @@ def score(hypotheses, references, tokenizer=None) -> dict:
     bleu_score = bleu.corpus_score(hypotheses, [references])
     bleu_char_score = bleu_char.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
-    exact = float(np.mean([h == r for h, r in zip(hypotheses, references)])) if references else 0.0
+    exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
     return {
         "bleu": round(bleu_score.score, 2),
         "bleu_char": round(bleu_char_score.score, 2),

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer import _checks
 from keras_transformer.defaults import END_ID, PAD_ID, START_ID, UNK_ID
 from keras_transformer.tools import files
 
@@ -165,9 +166,7 @@ class Tokenizer(tf.Module):
 
     def tokenize_dense(self, texts) -> tf.Tensor:
         """Convenience: a list of strings -> ids padded with `[PAD]`, a dense int32 `(B, T)`."""
-        if isinstance(texts, (str, bytes)):  # a string is a sequence too: of its characters
-            raise TypeError(f"`texts` must be a list of strings; for one text, pass [text]. Received: {texts!r:.60}")
-        return tf.cast(self.tokenize(tf.constant(list(texts), tf.string)).to_tensor(self.pad_id), tf.int32)
+        return tf.cast(self.tokenize(tf.constant(_checks.texts(texts), tf.string)).to_tensor(self.pad_id), tf.int32)
 
     def detokenize_dense(self, ids) -> list[str]:
         """Convenience: dense or ragged ids `(B, T)` (NumPy or tensor) -> B Python strings.
