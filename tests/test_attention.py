@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -139,7 +141,7 @@ def test_bad_shapes_raise_value_error_naming_layer(query_shape, value_shape, kwa
     layer = kt.layers.MultiHeadAttention(kwargs.pop("num_heads", 2), name="my_attention", **kwargs)
     with pytest.raises(ValueError, match="my_attention") as info:
         layer(np.zeros(query_shape, "float32"), np.zeros(value_shape, "float32"))
-    assert __import__("re").search(match, str(info.value)), str(info.value)
+    assert re.search(match, str(info.value)), str(info.value)
 
 
 def test_key_dim_given_allows_any_width():
@@ -199,6 +201,16 @@ def test_padding_masks_of_the_wrong_shape_are_refused():
         layer(y, x, query_mask=np.ones((2, 4, 1), bool))
     with pytest.raises(ValueError, match=r"value_mask.shape=\(1, 6\)"):
         layer(y, x, value_mask=np.ones((1, 6), bool))
+    # An attention mask: its known sizes must be the batch's, the queries' and the keys' (or 1).
+    for bad in ((2, 6, 4), (3, 4, 6), (2, 2, 4, 5), (2, 4)):
+        with pytest.raises(ValueError, match=rf"= \(2, 4, 6\)\. Received: attention_mask.shape={re.escape(str(bad))}"):
+            layer(y, x, attention_mask=np.ones(bad, bool))
+    for good in ((2, 4, 6), (1, 1, 6), (2, 2, 4, 6)):
+        assert tuple(layer(y, x, attention_mask=np.ones(good, bool)).shape) == (2, 4, 8)
+    # A built layer checks the query of every later call, not only the first.
+    for bad, match in (((4, 8), "expected ndim=3, found ndim=2"), ((2, 4, 6), "expected axis -1 of input shape to have value 8")):
+        with pytest.raises(ValueError, match=match):
+            layer(np.zeros(bad, "float32"), x)
 
 
 def test_a_cache_that_is_not_keys_and_values_is_refused():

@@ -183,6 +183,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dense.build(value_shape)
         self.output_dense = dense(d_model, "output_dense")
         self.output_dense.build(query_shape[:-1] + (h * self._value_dim,))
+        self.input_spec = keras.InputSpec(ndim=3, axes={-1: d_model})  # checks `query` in later calls too
         self.built = True
 
     def call(
@@ -357,12 +358,14 @@ class MultiHeadAttention(keras.layers.Layer):
         q_len, k_len, k_static = ops.shape(q)[1], ops.shape(k)[time_axis], k.shape[time_axis]
         masks = []
         if attention_mask is not None:
-            rank = len(attention_mask.shape)
-            if rank not in (3, 4):
+            shape, expected = tuple(attention_mask.shape), (q.shape[0], q.shape[1], k_static)
+            rank = len(shape)
+            if rank not in (3, 4) or any(a not in (None, 1, b) and b is not None for a, b in
+                                         zip(shape[:1] + shape[-2:], expected)):
                 raise ValueError(
                     f"Layer '{self.name}': `attention_mask` must have shape "
-                    f"(B, T_q, T_k) or (B, h, T_q, T_k). "
-                    f"Received: attention_mask.shape={tuple(attention_mask.shape)}"
+                    f"(B, T_q, T_k) or (B, h, T_q, T_k), (B, T_q, T_k) = {expected}. "
+                    f"Received: attention_mask.shape={shape}"
                 )
             mask = ops.cast(attention_mask, "bool")
             masks.append(ops.expand_dims(mask, 1) if rank == 3 else mask)
