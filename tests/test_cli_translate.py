@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_evaluate_and_translate(demo, capsys):
 
 @only_on("jax", "reading and writing the files is the command's own code; the translations come from the "
                 "search test_evaluate_and_translate runs on every backend")
-def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
+def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     run = str(demo / "run")
     source = tmp_path / "in.txt"
     source.write_bytes(b"seven\r\n\nforty-two\nnine hundred and one\n")
@@ -69,10 +70,21 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys):
     # The same sentences on standard output give the same translations.
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven", "forty-two"]) == 0
     assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+    # '-' is standard input and standard output.
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"seven\nforty-two\n")))
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", "-", "--output", "-"]) == 0
+    assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]] and not (pathlib.Path.cwd() / "-").exists()
+    # A link as --output stays a link: the file it leads to gets the translations.
+    (tmp_path / "link.txt").symlink_to(tmp_path / "target.txt")
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--output", str(tmp_path / "link.txt"),
+                     "seven"]) == 0
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "target.txt").read_text("utf-8") == lines[0] + "\n"
+    os.mkfifo(tmp_path / "pipe")  # a write renamed into place would replace the pipe, not write to it
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),
         (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
+        (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file (a device, a pipe"),
     ):
         assert cli.main(["translate", "--run-dir", run, *argv]) == 2
         err = capsys.readouterr().err

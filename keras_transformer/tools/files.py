@@ -94,6 +94,9 @@ def creation_problem(path, run_dir=None) -> str | None:
             return "it is the run directory itself"
         if real.is_relative_to(run) and real.relative_to(run).parts[0] in RUN_FILES:
             return f"it is the run's own {real.relative_to(run).parts[0]}, which this would overwrite"
+    if path.exists() and not (path.is_file() or path.is_dir()):  # followed through links, like a write
+        return ("it is not a regular file (a device, a pipe or a socket), and the output is written under a "
+                "temporary name and renamed into place")
     place = next(p for p in (path, *path.parents) if os.path.exists(p))  # the nearest that exists
     if place != path and not os.path.isdir(place):
         return f"{place} is a file, not a directory"
@@ -114,9 +117,12 @@ def atomic_write(path):
     """Yield a temporary path to write `path` through; on success it replaces `path`.
 
     Works for a file or a directory (write the directory's files into the yielded
-    path). On an exception the temporary is removed and `path` is left as it was.
+    path). A symbolic link stays one: what it leads to is replaced. On an exception
+    the temporary is removed and `path` is left as it was.
     """
     path = pathlib.Path(path)
+    if path.is_symlink():  # write where the link leads, and keep the link
+        path = pathlib.Path(os.path.realpath(path))
     tmp = temporary_path(path)
     _remove(tmp)  # a leftover of a killed writer
     try:

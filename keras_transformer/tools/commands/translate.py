@@ -21,9 +21,11 @@ def add_parser(sub) -> None:
                     "input; one translation per line, in input order, on standard output or in --output FILE.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
-    p.add_argument("--input", metavar="FILE", help="Translate the lines of this file (plain or .gz).")
+    p.add_argument("--input", metavar="FILE",
+                   help="Translate the lines of this file (plain or .gz; '-': standard input).")
     p.add_argument("--output", metavar="FILE",
-                   help="Write the translations to this file (in place once all are done) and show progress.")
+                   help="Write the translations to this file (in place once all are done) and show progress "
+                        "('-': standard output, as without --output).")
     p.add_argument("--n-best", type=at_least(1), metavar="K",
                    help="Print the K best hypotheses of the beam per sentence (K <= --beam-size), as "
                         "'LINE ||| TRANSLATION ||| SCORE' lines (Moses n-best format; LINE counts from 0, "
@@ -40,12 +42,12 @@ def check(args) -> dict:
     if args.n_best and args.n_best > args.beam_size:
         raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
                        "search keeps; raise --beam-size or lower --n-best")
-    output = pathlib.Path(args.output) if args.output else None
+    output = pathlib.Path(args.output) if args.output not in (None, "-") else None
     if output is not None:
         if output.is_dir():
             raise RunError(f"--output {output} is a directory, not a file")
         check_writable("--output", output, args.run_dir)
-        if args.input and _same_file(args.input, output):
+        if args.input not in (None, "-") and _same_file(args.input, output):
             raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
                            "there would replace the sentences. Give another --output")
     run_model_file(args.run_dir, args.model)
@@ -65,7 +67,7 @@ def run(args) -> int:
     from keras_transformer.tools.text import corpora
 
     output = args.output
-    if args.input:
+    if args.input not in (None, "-"):
         texts = corpora.read_lines(args.input)
     else:
         texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
