@@ -292,6 +292,14 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "is the --input file" in err, (output, err)
     assert notes.read_text() == "one two\n" and not (tmp_path / "sub").exists()
+    # So would evaluate's --hypotheses over its --source-file or --target-file.
+    (tmp_path / "references.txt").write_text("eins zwei\n")
+    for hypotheses, named in ((tmp_path / "link.txt", "--source-file"), (tmp_path / "references.txt", "--target-file")):
+        assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(notes), "--target-file",
+                         str(tmp_path / "references.txt"), "--hypotheses", str(hypotheses)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--hypotheses {hypotheses} is the {named} file" in err, err
+    assert notes.read_text() == "one two\n" and (tmp_path / "references.txt").read_text() == "eins zwei\n"
     # An output over one of the run's own files (under any name) would destroy the run.
     (tmp_path / "run_link").symlink_to(demo / "run")
     before = {p: p.read_bytes() for p in (demo / "run").rglob("*") if p.is_file() and "tensorboard" not in p.parts}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, QUANTIZE_MODES
@@ -29,6 +30,26 @@ def check_writable(flag: str, path, run_dir=None) -> None:
     problem = creation_problem(path, run_dir)
     if problem:
         raise RunError(f"{flag} {path}: {problem}; give another {flag}")
+
+
+def check_not_an_input(flag: str, output, inputs: dict) -> None:
+    """Refuse an output path that names one of the command's input files (`{flag: path}`),
+    under any name (a link, a hard link, another spelling): writing the output there would
+    replace what the command reads."""
+    from keras_transformer.tools.config import RunError
+
+    for input_flag, path in inputs.items():
+        if path not in (None, "-") and _same_file(path, output):
+            raise RunError(f"{flag} {output} is the {input_flag} file {path}; writing there would replace what "
+                           f"it holds. Give another {flag}")
+
+
+def _same_file(a, b) -> bool:
+    """Whether two paths name one file (also through links or another spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they lead
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def add_command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:

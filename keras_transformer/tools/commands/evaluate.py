@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.tools.commands.common import (add_command, at_least, check_writable, decoding_flags, quantize_flag,
-                                                      run_dir_flag)
+from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
+                                                      decoding_flags, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import run_model_file
 
@@ -39,6 +39,7 @@ def check(args) -> dict:
     if hypotheses.is_dir():
         raise RunError(f"--hypotheses {hypotheses} is a directory; give a file name.")
     check_writable("--hypotheses", hypotheses, args.run_dir)
+    check_not_an_input("--hypotheses", hypotheses, {"--source-file": args.source_file, "--target-file": args.target_file})
     run_model_file(args.run_dir, args.model)
     return {"hypotheses": hypotheses}
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 
-from keras_transformer.tools.commands.common import (add_command, at_least, check_writable, decoding_flags,
-                                                      fit_verbosity, quantize_flag, run_dir_flag)
+from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
+                                                      decoding_flags, fit_verbosity, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file
 
@@ -47,19 +46,9 @@ def check(args) -> dict:
         if output.is_dir():
             raise RunError(f"--output {output} is a directory, not a file")
         check_writable("--output", output, args.run_dir)
-        if args.input not in (None, "-") and _same_file(args.input, output):
-            raise RunError(f"--output {output} is the --input file {args.input}; writing the translations "
-                           "there would replace the sentences. Give another --output")
+        check_not_an_input("--output", output, {"--input": args.input})
     run_model_file(args.run_dir, args.model)
     return {"output": output}
-
-
-def _same_file(a, b) -> bool:
-    """Whether two paths name one file (also through links or another spelling)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): compare where they lead
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def run(args) -> int:
