@@ -363,7 +363,6 @@ def average_checkpoints(model: keras.Model, paths) -> int:
     return len(paths)
 
 
-
 def check_checkpoint(path) -> None:
     """Raise `files.RunDirError` naming `path` and what to do if it cannot be opened as a
     checkpoint (a damaged or truncated archive). Reads the archive's index, not the weights:
