@@ -8,6 +8,7 @@ training, decoding, evaluation and export are all checked to take the ids from t
 model and the tokenizer rather than from constants."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -146,3 +147,29 @@ def test_vocabulary_or_special_id_mismatch_is_refused(trained, tmp_path):
     with pytest.raises(evaluation.RunDirError, match="pad_id: model 5, tokenizer 0"):
         evaluation.translate_texts(model, same_size, ["one"])
     assert not (tmp_path / "x").exists()
+
+
+def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, tmp_path):
+    # The export replaces its directory whole: a directory holding anything but an earlier
+    # export, or a file, is refused before anything is written, through the library too.
+    model, tokenizer, _ = trained
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("mine")
+    (tmp_path / "a_file").write_text("mine")
+    for path, message in ((tmp_path / "project", r"holds files that are not a savedmodel export \(notes.txt\)"),
+                          (tmp_path / "a_file", "is a file; give a directory for the SavedModel")):
+        with pytest.raises(ValueError, match=message):
+            kt.export.export_translator(model, tokenizer, path)
+    assert (tmp_path / "project" / "notes.txt").read_text() == "mine" and (tmp_path / "a_file").read_text() == "mine"
+    assert os.listdir(tmp_path / "project") == ["notes.txt"]
+    from keras_transformer.tools import files
+
+    assert files.export_target_problem(exported, "savedmodel") is None  # an earlier export: replaced
+    assert "not a ctranslate2 export" in files.export_target_problem(exported, "ctranslate2")
+    for settings, message in ((dict(max_extra_length=-1), "`max_extra_length` must be an integer >= 0"),
+                              (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number")):
+        with pytest.raises(ValueError, match=message):
+            kt.export.export_translator(model, tokenizer, tmp_path / "new", **settings)
+    with pytest.raises(ValueError, match="`batch_size` must be a positive integer or None"):
+        evaluation.translate_texts(model, tokenizer, ["one"], batch_size=0)
+    assert not (tmp_path / "new").exists()

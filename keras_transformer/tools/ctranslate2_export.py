@@ -110,11 +110,14 @@ def export_ctranslate2(model, tokenizer, path, quantization: str | None = None,
 
     Raises:
         CTranslate2Error: The run cannot be served by CTranslate2 (see `check_exportable`).
+        ValueError: `path` is a file, or a directory that holds anything but an earlier
+            CTranslate2 model (the export replaces it whole).
     """
     from keras_transformer.tools.evaluation import check_special_ids
 
     check_special_ids(model, tokenizer)
     check_exportable(model, tokenizer)
+    files.check_export_target(path, "ctranslate2")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with files.atomic_write(path) as tmp:

@@ -113,6 +113,8 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     first (`n <= beam_size`).
     """
     check_special_ids(model, tokenizer)
+    _checks.positive_ints(batch_size=batch_size, optional=True)
+    _checks.counts(n_best=n_best)
     texts = _checks.texts(texts)
     if not texts:
         return []

@@ -22,6 +22,7 @@ import tempfile
 
 import keras
 
+from keras_transformer import _checks
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
 from keras_transformer.tools import files
 
@@ -43,13 +44,16 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
 
     Raises:
         ValueError: if the tokenizer's vocabulary size or special ids differ from the
-            model's, or `beam_size` is not a positive integer.
+            model's, a search setting is out of range, or `path` is a file or a directory
+            that holds anything but an earlier SavedModel (the export replaces it whole).
     """
     from keras_transformer.tools.evaluation import check_special_ids
 
     check_special_ids(model, tokenizer)  # a ValueError naming both values
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
+    _checks.positive_ints(beam_size=beam_size)
+    _checks.finite(length_penalty=length_penalty)
+    _checks.counts(max_extra_length=max_extra_length)
+    files.check_export_target(path, "savedmodel")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
         path.parent.mkdir(parents=True, exist_ok=True)

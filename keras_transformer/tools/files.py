@@ -1,4 +1,5 @@
-"""Files of the tools: atomic writes, and where a run directory keeps its model.
+"""Files of the tools: atomic writes, where a run directory keeps its model, and what an
+export may replace.
 
 Atomic writes are the one way the tools write a file or directory that must never be
 seen half-written (everything a run directory needs to resume, and every result).
@@ -104,6 +105,33 @@ def creation_problem(path, run_dir=None) -> str | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{folder} is not writable by this user"
     return None
+
+
+# The file that marks a directory as an earlier export of each format, which an export
+# replaces as a whole.
+EXPORT_MARKS = {"savedmodel": "saved_model.pb", "ctranslate2": "model.bin"}
+_EXPORT_NAMES = {"savedmodel": "SavedModel", "ctranslate2": "CTranslate2 model"}
+
+
+def export_target_problem(path, format: str) -> str | None:
+    """Why an export of `format` ("savedmodel", "ctranslate2") may not be written at `path`,
+    which it replaces as a whole: a file, or a directory that holds anything but an earlier
+    export of this format (whose files it would delete). `None` when it may."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"is a file; give a directory for the {_EXPORT_NAMES[format]}"
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if names and EXPORT_MARKS[format] not in names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        return (f"holds files that are not a {format} export ({shown}); the export replaces the whole directory: "
+                "give a new or empty one")
+    return None
+
+
+def check_export_target(path, format: str) -> None:
+    """Raise `ValueError` if an export of `format` may not replace `path` (`export_target_problem`)."""
+    problem = export_target_problem(path, format)
+    if problem:
+        raise ValueError(f"`path` {path} {problem}")
 
 
 def temporary_path(path) -> pathlib.Path:

@@ -8,7 +8,7 @@ import pathlib
 from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
                                                       run_dir_flag)
 from keras_transformer.tools.config import RunError
-from keras_transformer.tools.files import run_model_file, tokenizer_kind
+from keras_transformer.tools.files import export_target_problem, run_model_file, tokenizer_kind
 
 
 def add_parser(sub) -> None:
@@ -36,9 +36,6 @@ def add_parser(sub) -> None:
 
 
 def check(args) -> None:
-    if os.path.exists(args.output) and not os.path.isdir(args.output):
-        kind = "CTranslate2 model" if args.format == "ctranslate2" else "SavedModel"
-        raise RunError(f"--output {args.output} is a file; give a directory for the {kind}.")
     check_writable("--output", args.output, args.run_dir)
     check_replaceable(args.output, args.format)
     if args.format != "ctranslate2":
@@ -68,19 +65,11 @@ def check(args) -> None:
     run_model_file(args.run_dir, args.model)
 
 
-# The file that marks a directory as an earlier export of each format, which an export
-# replaces as a whole.
-EXPORT_MARKS = {"savedmodel": "saved_model.pb", "ctranslate2": "model.bin"}
-
-
-def check_replaceable(output, format) -> None:
-    """Refuse a directory that holds anything but an earlier export of this format: the
-    export replaces the directory as a whole, and would delete those files."""
-    names = sorted(os.listdir(output)) if os.path.isdir(output) else []
-    if names and EXPORT_MARKS[format] not in names:
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise RunError(f"--output {output} holds files that are not a {format} export ({shown}); the export "
-                       "replaces the whole directory: give a new or empty one")
+def check_replaceable(output, format, flag: str = "--output") -> None:
+    """Refuse an output the export may not replace as a whole (`files.export_target_problem`)."""
+    problem = export_target_problem(output, format)
+    if problem:
+        raise RunError(f"{flag} {output} {problem}")
 
 
 def run(args) -> int:
