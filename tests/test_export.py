@@ -164,8 +164,8 @@ def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, 
     assert os.listdir(tmp_path / "project") == ["notes.txt"]
     from keras_transformer.tools import files
 
-    assert files.export_target_problem(exported, "savedmodel") is None  # an earlier export: replaced
-    assert "not a ctranslate2 export" in files.export_target_problem(exported, "ctranslate2")
+    assert files.replacement_problem(exported, "savedmodel") is None  # an earlier export: replaced
+    assert "not a ctranslate2 export" in files.replacement_problem(exported, "ctranslate2")
     for settings, message in ((dict(max_extra_length=-1), "`max_extra_length` must be an integer >= 0"),
                               (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number")):
         with pytest.raises(ValueError, match=message):

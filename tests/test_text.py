@@ -5,6 +5,7 @@ TensorFlow suite only; the training, translation and export tests use them under
 PyTorch too."""
 
 import gzip
+import os
 import re
 import unicodedata
 
@@ -105,6 +106,16 @@ def test_save_and_load(kind, tmp_path):
     np.testing.assert_array_equal(
         loaded.tokenize_dense(UNICODE).numpy(), tokenizer.tokenize_dense(UNICODE).numpy()
     )
+    # The directory is written as a whole: an earlier saved tokenizer is replaced; a file, or
+    # a directory of anything else (which the write would delete), is refused untouched.
+    Tokenizer.build(REAL * 5, vocab_size=300, kind=kind, min_frequency=1).save(tmp_path / "tok")
+    assert Tokenizer.load(tmp_path / "tok").vocabulary != tokenizer.vocabulary
+    (tmp_path / "notes.txt").write_text("mine")
+    for path, message in ((tmp_path, r"holds files that are not a saved tokenizer \(notes.txt, tok\)"),
+                          (tmp_path / "notes.txt", "is a file; give a directory for the tokenizer")):
+        with pytest.raises(ValueError, match=message):
+            tokenizer.save(path)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tok"] and (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_vocabularies_written_before_sentencepiece_still_load(tmp_path):

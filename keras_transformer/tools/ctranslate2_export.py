@@ -117,7 +117,7 @@ def export_ctranslate2(model, tokenizer, path, quantization: str | None = None,
 
     check_special_ids(model, tokenizer)
     check_exportable(model, tokenizer)
-    files.check_export_target(path, "ctranslate2")
+    files.check_replacement(path, "ctranslate2")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with files.atomic_write(path) as tmp:

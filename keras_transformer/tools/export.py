@@ -53,7 +53,7 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
     _checks.positive_ints(beam_size=beam_size)
     _checks.finite(length_penalty=length_penalty)
     _checks.counts(max_extra_length=max_extra_length)
-    files.check_export_target(path, "savedmodel")
+    files.check_replacement(path, "savedmodel")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,31 +107,35 @@ def creation_problem(path, run_dir=None) -> str | None:
     return None
 
 
-# The file that marks a directory as an earlier export of each format, which an export
-# replaces as a whole.
-EXPORT_MARKS = {"savedmodel": "saved_model.pb", "ctranslate2": "model.bin"}
-_EXPORT_NAMES = {"savedmodel": "SavedModel", "ctranslate2": "CTranslate2 model"}
+# The directories the tools write as a whole (`atomic_write`), by kind: the file that marks
+# an earlier one, which a new one replaces, and what to call them.
+WHOLE_DIRECTORIES = {
+    "savedmodel": ("saved_model.pb", "savedmodel export", "SavedModel"),
+    "ctranslate2": ("model.bin", "ctranslate2 export", "CTranslate2 model"),
+    "tokenizer": ("tokenizer.json", "saved tokenizer", "tokenizer"),
+}
 
 
-def export_target_problem(path, format: str) -> str | None:
-    """Why an export of `format` ("savedmodel", "ctranslate2") may not be written at `path`,
-    which it replaces as a whole: a file, or a directory that holds anything but an earlier
-    export of this format (whose files it would delete). `None` when it may."""
+def replacement_problem(path, kind: str) -> str | None:
+    """Why a directory of `kind` (see `WHOLE_DIRECTORIES`), written as a whole, may not be
+    written at `path`: a file, or a directory that holds anything but an earlier one of
+    its kind (whose files the write would delete). `None` when it may."""
+    mark, earlier, name = WHOLE_DIRECTORIES[kind]
     if os.path.exists(path) and not os.path.isdir(path):
-        return f"is a file; give a directory for the {_EXPORT_NAMES[format]}"
+        return f"is a file; give a directory for the {name}"
     names = sorted(os.listdir(path)) if os.path.isdir(path) else []
-    if names and EXPORT_MARKS[format] not in names:
+    if names and mark not in names:
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        return (f"holds files that are not a {format} export ({shown}); the export replaces the whole directory: "
+        return (f"holds files that are not a {earlier} ({shown}); the {name} replaces the whole directory: "
                 "give a new or empty one")
     return None
 
 
-def check_export_target(path, format: str) -> None:
-    """Raise `ValueError` if an export of `format` may not replace `path` (`export_target_problem`)."""
-    problem = export_target_problem(path, format)
+def check_replacement(path, kind: str) -> None:
+    """Raise `ValueError` if a directory of `kind` may not be written at `path` (`replacement_problem`)."""
+    problem = replacement_problem(path, kind)
     if problem:
-        raise ValueError(f"`path` {path} {problem}")
+        raise ValueError(f"{path} {problem}")
 
 
 def temporary_path(path) -> pathlib.Path:

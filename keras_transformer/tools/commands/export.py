@@ -8,7 +8,7 @@ import pathlib
 from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
                                                       run_dir_flag)
 from keras_transformer.tools.config import RunError
-from keras_transformer.tools.files import export_target_problem, run_model_file, tokenizer_kind
+from keras_transformer.tools.files import replacement_problem, run_model_file, tokenizer_kind
 
 
 def add_parser(sub) -> None:
@@ -66,8 +66,8 @@ def check(args) -> None:
 
 
 def check_replaceable(output, format, flag: str = "--output") -> None:
-    """Refuse an output the export may not replace as a whole (`files.export_target_problem`)."""
-    problem = export_target_problem(output, format)
+    """Refuse an output the export may not replace as a whole (`files.replacement_problem`)."""
+    problem = replacement_problem(output, format)
     if problem:
         raise RunError(f"{flag} {output} {problem}")
 

@@ -185,8 +185,10 @@ class Tokenizer(tf.Module):
         return [s.decode("utf-8") for s in self.detokenize(tf.cast(ids, tf.int64)).numpy()]
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write `tokenizer.json`, `vocab.txt` (one token per line) and, for
-        SentencePiece, `sentencepiece.model` to `directory`, as one unit."""
+        """Write `tokenizer.json`, `vocab.txt` (one token per line) and, for SentencePiece,
+        `sentencepiece.model` to `directory`, as one unit: an earlier saved tokenizer there is
+        replaced, a file or a directory of other files is a `ValueError`."""
+        files.check_replacement(directory, "tokenizer")
         directory = pathlib.Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         # All files or none: the directory is written beside and renamed into place.
