@@ -209,6 +209,21 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
     assert not (tmp_path / "run").exists() and a_file.read_text() == "mine"
 
 
+def test_an_atomic_write_never_puts_a_file_in_place_of_a_folder_or_a_folder_of_a_file(tmp_path):
+    from keras_transformer.tools import files
+
+    (tmp_path / "folder" / "sub").mkdir(parents=True)
+    (tmp_path / "file.txt").write_text("mine")
+    with pytest.raises(ValueError, match="folder is a directory; writing a file there would replace it"):
+        files.write_text(tmp_path / "folder", "text")
+    with pytest.raises(ValueError, match="file.txt is a file; writing a directory there would replace it"):
+        with files.atomic_write(tmp_path / "file.txt") as tmp:
+            tmp.mkdir()
+    assert sorted(os.listdir(tmp_path)) == ["file.txt", "folder"] and os.listdir(tmp_path / "folder") == ["sub"]
+    files.write_text(tmp_path / "file.txt", "new")  # a file replaces a file
+    assert (tmp_path / "file.txt").read_text() == "new"
+
+
 # Runs the command in a child that kills itself (SIGKILL) just before the `nth` atomic
 # rename whose target is named `target`: the moment a file is complete under its
 # temporary name but not yet in place. A kill anywhere else is no harder for resumption.

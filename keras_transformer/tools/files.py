@@ -159,6 +159,9 @@ def atomic_write(path):
     _remove(tmp)  # a leftover of a killed writer
     try:
         yield tmp
+        if path.exists() and path.is_dir() != tmp.is_dir():  # a file never replaces a folder, nor a folder a file
+            kinds = ("directory", "file") if path.is_dir() else ("file", "directory")
+            raise ValueError(f"{path} is a {kinds[0]}; writing a {kinds[1]} there would replace it")
         _fsync_tree(tmp)
         if path.is_dir() and not path.is_symlink():
             # A directory cannot be replaced by rename while it holds files: move the
