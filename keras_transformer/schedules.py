@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer import _checks
 from keras_transformer.optimizers import Adam
 
 __all__ = ["TransformerSchedule", "transformer_optimizer"]
@@ -32,8 +33,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
-        if warmup_steps < 1:
-            raise ValueError(f"`warmup_steps` must be >= 1. Received: warmup_steps={warmup_steps!r}")
+        _checks.positive_ints(d_model=d_model, warmup_steps=warmup_steps)
+        _checks.finite(scale=scale)
+        if scale <= 0:  # a rate of 0 trains nothing, a negative one climbs the loss
+            raise ValueError(f"`scale` must be > 0. Received: scale={scale!r}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale

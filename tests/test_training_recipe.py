@@ -57,6 +57,13 @@ def test_schedule_formula_and_peak():
     assert int(dense.argmax()) + 1 == warmup  # peaks at paper step = warmup_steps
     restored = kt.schedules.TransformerSchedule.from_config(schedule.get_config())
     assert float(to_numpy(restored(123))) == pytest.approx(float(to_numpy(schedule(123))))
+    # A width of 0 would make every rate infinite; a scale of 0, NaN or below, no training.
+    for settings, message in ((dict(d_model=0), "`d_model` must be a positive integer"),
+                              (dict(warmup_steps=0), "`warmup_steps` must be a positive integer"),
+                              (dict(scale=float("nan")), "`scale` must be a finite number"),
+                              (dict(scale=0.0), "`scale` must be > 0")):
+        with pytest.raises(ValueError, match=message):
+            kt.schedules.TransformerSchedule(**{"d_model": 512, **settings})
 
 
 def test_paper_optimizer():
