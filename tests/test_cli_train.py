@@ -127,6 +127,15 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
     assert f"{tmp_path} is not writable by this user" in capsys.readouterr().err
 
 
+def test_version_is_the_installed_distributions(capsys):
+    import keras_transformer
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"keras-transformer {keras_transformer.__version__}\n"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
     (["train", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),

@@ -38,10 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="Show TensorFlow's and XLA's start-up log lines.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in commands.COMMANDS:
         command.add_parser(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version, read from its metadata (no import of the package)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("keras-transformer")
+    except metadata.PackageNotFoundError:  # run from a source tree that was not installed
+        return "(not installed)"
 
 
 def parse(argv=None):
