@@ -163,7 +163,7 @@ def atomic_write(path):
             kinds = ("directory", "file") if path.is_dir() else ("file", "directory")
             raise ValueError(f"{path} is a {kinds[0]}; writing a {kinds[1]} there would replace it")
         _fsync_tree(tmp)
-        if path.is_dir() and not path.is_symlink():
+        if path.is_dir():  # `path` is no link here: a link was followed above
             # A directory cannot be replaced by rename while it holds files: move the
             # old one aside first (a kill here leaves the old one under `.old`).
             old = path.with_name(path.name + ".old")

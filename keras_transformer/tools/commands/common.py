@@ -39,7 +39,7 @@ def check_not_an_input(flag: str, output, inputs: dict) -> None:
     from keras_transformer.tools.config import RunError
 
     for input_flag, path in inputs.items():
-        if path not in (None, "-") and _same_file(path, output):
+        if path is not None and _same_file(path, output):
             raise RunError(f"{flag} {output} is the {input_flag} file {path}; writing there would replace what "
                            f"it holds. Give another {flag}")
 

@@ -65,11 +65,11 @@ def check(args) -> None:
     run_model_file(args.run_dir, args.model)
 
 
-def check_replaceable(output, format, flag: str = "--output") -> None:
+def check_replaceable(output, format) -> None:
     """Refuse an output the export may not replace as a whole (`files.replacement_problem`)."""
     problem = replacement_problem(output, format)
     if problem:
-        raise RunError(f"{flag} {output} {problem}")
+        raise RunError(f"--output {output} {problem}")
 
 
 def run(args) -> int:

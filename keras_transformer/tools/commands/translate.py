@@ -41,14 +41,16 @@ def check(args) -> dict:
     if args.n_best and args.n_best > args.beam_size:
         raise RunError(f"--n-best {args.n_best} is more than the --beam-size {args.beam_size} hypotheses the "
                        "search keeps; raise --beam-size or lower --n-best")
-    output = pathlib.Path(args.output) if args.output not in (None, "-") else None
+    # '-' is standard input or output, as without the flag.
+    source = None if args.input == "-" else args.input
+    output = None if args.output in (None, "-") else pathlib.Path(args.output)
     if output is not None:
         if output.is_dir():
             raise RunError(f"--output {output} is a directory, not a file")
         check_writable("--output", output, args.run_dir)
-        check_not_an_input("--output", output, {"--input": args.input})
+        check_not_an_input("--output", output, {"--input": source})
     run_model_file(args.run_dir, args.model)
-    return {"output": output}
+    return {"input": source, "output": output}
 
 
 def run(args) -> int:
@@ -56,7 +58,7 @@ def run(args) -> int:
     from keras_transformer.tools.text import corpora
 
     output = args.output
-    if args.input not in (None, "-"):
+    if args.input:
         texts = corpora.read_lines(args.input)
     else:
         texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
