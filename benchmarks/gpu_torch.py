@@ -4,8 +4,7 @@ Checks, on the first CUDA device (or `--device cpu` to try the script anywhere):
 
 * `keras_transformer.optimizers.Adam` (PyTorch's fused Adam, step counts on the
   parameters' device) against `keras.optimizers.Adam` over 10 steps: largest difference;
-* `translate` compiled (exported programs), with `compile="torch.compile"` (CUDA graphs on
-  a GPU) and eagerly (`compile=False`): same tokens, and tokens/s (medians of 3).
+* `translate` compiled (exported programs), with `compile="torch.compile"` (Inductor) and eagerly (`compile=False`): same tokens, and tokens/s (medians of 3).
 
 Prints and writes JSON; asserts nothing.
 

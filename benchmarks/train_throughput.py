@@ -11,11 +11,13 @@ alternated, over two rounds:
   `TokenAndPositionEmbedding`, same sizes (needs the `bench` extra: `keras-hub`);
 * `keras-mha-<backend>`: a plain Keras encoder-decoder built from
   `keras.layers.MultiHeadAttention`, `LayerNormalization` and `Dense`;
-* `torch-eager`, `torch-compile`: `torch.nn.Transformer`, eager and under `torch.compile`.
+* `torch-eager`, `torch-compile`: `torch.nn.Transformer`, eager and under `torch.compile`
+  (on the GPU when there is one; bf16 autocast under `--dtype-policy mixed_bfloat16`).
 
 Work (`--work small`, the default): 3 + 3 layers, d_model 256, 4 heads, d_ff 1024, shared
 vocabulary 8000, batch 32 x 32 source and target tokens, dropout 0.1, Adam.
 `--work base`: the paper's base model (6 + 6, 512, 8 heads, 2048) at batch 8 x 32.
+`--batch` sets the sentence pairs per step of either (a GPU wants hundreds).
 
 Throughput = target tokens per step / median step time over `--steps` steps after
 `--warmup` steps. Model FLOP utilisation (MFU) = 6 x N x target tokens per second /
@@ -174,14 +176,21 @@ def measure_torch(kind, w, args):
                                    tgt_mask=self.mask, tgt_is_causal=True)
             return out @ self.embed.weight.T  # tied output projection
 
-    model = Model()
+    # The GPU when there is one, like Keras' default device; bf16 autocast when the Keras
+    # rows run under mixed_bfloat16.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Model().to(device)
+    model.mask = model.mask.to(device)
     optimizer = torch.optim.Adam(model.parameters(), 1e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
-    source, target, labels = (torch.as_tensor(a, dtype=torch.long) for a in batch(w))
+    source, target, labels = (torch.as_tensor(a, dtype=torch.long, device=device) for a in batch(w))
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=args.dtype_policy == "mixed_bfloat16")
 
     def step():
         optimizer.zero_grad()
-        loss = loss_fn(model(source, target).reshape(-1, w["vocab"]), labels.reshape(-1))
+        with autocast:
+            logits = model(source, target)
+        loss = loss_fn(logits.float().reshape(-1, w["vocab"]), labels.reshape(-1))
         loss.backward()
         optimizer.step()
         return loss
@@ -244,7 +253,7 @@ def matmul_peak(size=2048, repeats=5, dtype="float32"):
 def child(args):
     name = args.child
     backend, kind = IMPLEMENTATIONS[name]
-    w = WORKS[args.work]
+    w = sizes(args)
     if kind.startswith("torch"):
         times, params = measure_torch(kind, w, args)
     else:
@@ -255,11 +264,17 @@ def child(args):
                       "non_embedding_parameters": params, "steps": len(times)}))
 
 
+def sizes(args) -> dict:
+    """The work's sizes, with `--batch` in place of its batch size when given."""
+    return dict(WORKS[args.work], **({"batch": args.batch} if args.batch else {}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(IMPLEMENTATIONS), help="Measure only these.")
     parser.add_argument("--work", choices=sorted(WORKS), default="small")
+    parser.add_argument("--batch", type=int, help="Sentence pairs per step, in place of the work's (a GPU wants more).")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
@@ -284,6 +299,8 @@ def main():
             env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
             cmd = [sys.executable, __file__, "--child", name, "--work", args.work, "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--dtype-policy", args.dtype_policy]
+            if args.batch:
+                cmd += ["--batch", str(args.batch)]
             result = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=HERE.parent)
             if result.returncode != 0:
                 errors[name] = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
@@ -292,7 +309,7 @@ def main():
             rounds[name].append(json.loads(result.stdout.strip().splitlines()[-1]))
             print(f"  {name}: {rounds[name][-1]['tokens_per_second']:.0f} tokens/s", flush=True)
     peak = max(max(p.values()) for p in peaks)
-    w = WORKS[args.work]
+    w = sizes(args)
     rows = []
     for name, runs in rounds.items():
         if not runs:
@@ -304,7 +321,7 @@ def main():
                      "gflops": flops / 1e9, "mfu": flops / (peak * 1e9)})
     rows.sort(key=lambda r: -r["tokens_per_second"])
     fastest_other = max((r["tokens_per_second"] for r in rows if not r["name"].startswith("ours")), default=None)
-    print(f"\nwork {args.work}: {w}; fp32 matmul peak {peak:.0f} GFLOP/s; MFU = 6 x N x tokens/s / peak")
+    print(f"\nwork {args.work}: {w}; {args.matmul_dtype} matmul peak {peak:.0f} GFLOP/s; MFU = 6 x N x tokens/s / peak")
     print("| implementation | target tokens/s (best round) | rounds | N (non-embedding) | GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -45,8 +45,16 @@ compile=False)` asks for the eager search directly.
 16,942 / 7,917 tokens/s (greedy / beam 4) against 6,480 / 4,031 for the exported programs
 alone and 908 / 843 eager (JAX: 26,950 / 5,162; before the rewrites above, the exported
 programs made 4,150 / 2,027), but 16-20 s of Inductor compilation per program shape on 2
-CPU cores, against 1-2 s to export. The exported programs are the default; on a GPU,
-`torch.compile`'s `reduce-overhead` mode (CUDA graphs) removes the per-step launch cost.
+CPU cores, against 1-2 s to export. The exported programs are the default.
+
+On a GPU (one H200, PyTorch 2.11.0+cu130: `benchmarks/gpu.sh`), the same tokens in every
+mode; `decode.py`'s workload made 4,024 / 2,852 tokens/s exported and 650 / 568 eager
+(JAX: 66,309 / 52,601), and with 16 source tokens, greedy, `torch.compile` 4,128 against
+3,169 exported (18 s to compile against 3 s). A step of a small model is launch-bound
+there. `torch.compile`'s CUDA graphs (`mode="reduce-overhead"`) were tried on these
+programs: Dynamo refused them (`Unsupported: Attempt to trace generator`, on the GPU
+only; the same programs compile on the CPU), so `torch.compile` uses its default mode on
+every device.
 (A `make_fx` record replayed as TorchScript, which this module replaces, measured 14,604
 / 6,158 on the same workload; TorchScript is no longer developed, and that recorder
 shared state between threads.)
@@ -67,8 +75,8 @@ class ExportedSearch:
             `keras_transformer.backend.compile.compile_search`.
         variables: The variables the search reads, passed to every exported program.
         torch_compile: Also compile each exported program with `torch.compile`
-            (Inductor; `mode="reduce-overhead"`, CUDA graphs, on a GPU). Faster
-            steps, but seconds of compilation per program on a CPU.
+            (Inductor, default mode). Faster steps, but seconds of compilation per
+            program shape.
         max_programs: Exported programs kept (per function and argument shapes).
 
     Call arguments:
@@ -116,9 +124,7 @@ class ExportedSearch:
         # (the loop owns it), unless Inductor compiles the graph: it has its own pass.
         program = _Program(fn, self.variables, args, leaves, in_place=loop and not self.torch_compile)
         if self.torch_compile:
-            on_gpu = any(x.device.type == "cuda" for x in leaves if isinstance(x, torch.Tensor))
-            program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True,
-                                          mode="reduce-overhead" if on_gpu else None)
+            program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True)
         return program
 
 
