@@ -252,12 +252,17 @@ def test_the_chief_refuses_a_port_in_use():
 def test_launch_refuses_a_port_out_of_range_or_in_use_once_before_starting(monkeypatch, capsys):
     from keras_transformer.tools import cli
 
-    def launch(port, backend="jax"):
+    def launch(port, backend="jax", processes=2):
         monkeypatch.setenv("KERAS_BACKEND", backend)
-        assert cli.main(["launch", "--processes", "2", "--port", str(port), "--", "train"]) == 2
+        assert cli.main(["launch", "--processes", str(processes), "--port", str(port), "--", "train"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
         return err
+
+    # More processes than this machine has cores (a typo's 100000 overflowed the port range).
+    cores = os.cpu_count()
+    assert f"--processes {cores + 1}: launch starts every process on this machine, which has {cores} CPU cores" in (
+        launch(29500, "tensorflow", cores + 1))
 
     assert "--port must be in [1, 65535]; got 70000." in launch(70000)
     # TensorFlow's second worker would listen on 65536.

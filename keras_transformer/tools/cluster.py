@@ -166,7 +166,7 @@ def free_port(count: int = 1) -> int:
         with socket.socket() as s:
             s.bind(("localhost", 0))
             first = s.getsockname()[1]
-        if all(_is_free(first + i) for i in range(1, count)):
+        if first + count - 1 <= 65535 and all(_is_free(first + i) for i in range(1, count)):
             return first
 
 

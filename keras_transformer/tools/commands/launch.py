@@ -47,6 +47,11 @@ def check(args) -> dict:
     command = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv
     if command[:1] != ["train"]:
         raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
+    cores = os.cpu_count() or 1
+    if args.processes > cores:
+        raise RunError(f"--processes {args.processes}: launch starts every process on this machine, which has {cores} "
+                       f"CPU cores; use at most {cores}, or run train on each machine of a cluster (see the "
+                       "distributed guide).")
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     if args.port is not None:
         check_launch_port(backend, args.processes, args.port)
