@@ -1,13 +1,16 @@
 """`keras-transformer train`: bad input, and a short run killed, resumed and finished."""
 
+import argparse
 import csv
 import dataclasses
+import errno
 import gzip
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -122,9 +125,37 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
         assert err.count("\n") == 1 and f"{a_file} is a file, not a directory; give another" in err, (argv, err)
     assert a_file.read_text() == "mine"
     # A folder this user may not write in (tests run as root, which may write anywhere).
-    monkeypatch.setattr(os, "access", lambda *args, **kwargs: False)
-    assert cli.main(["train", "--output-dir", str(tmp_path / "new" / "run"), "--steps", "1"]) == 2
-    assert f"{tmp_path} is not writable by this user" in capsys.readouterr().err
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "access", lambda *args, **kwargs: False)
+        assert cli.main(["train", "--output-dir", str(tmp_path / "new" / "run"), "--steps", "1"]) == 2
+        assert f"{tmp_path} is not writable by this user" in capsys.readouterr().err
+    # A folder the permissions allow but the file system refuses (read-only, or /proc).
+    def refused(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    for argv in (["train", "--output-dir", str(tmp_path / "new" / "run"), "--steps", "1"],
+                 ["translate", "--run-dir", run, "--output", str(tmp_path / "out.txt"), "x"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"nothing can be written in {tmp_path} (Read-only file system)" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_a_read_or_write_the_system_refuses_mid_run_is_one_line_and_a_bug_keeps_its_traceback(capsys):
+    def failing(error):
+        def handler(settings):
+            raise error
+        return argparse.Namespace(handler=handler)
+
+    args = argparse.Namespace(command="train", verbose=False)
+    full = OSError(errno.ENOSPC, "No space left on device", "runs/x/checkpoints/epoch-3.weights.h5")
+    assert cli.run(args, failing(full)) == 1
+    assert capsys.readouterr().err == (
+        "keras-transformer train: error: No space left on device: runs/x/checkpoints/epoch-3.weights.h5\n")
+    assert cli.run(args, failing(OSError("raised by code"))) == 1  # no errno: not the system's refusal
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "internal error (a bug in keras-transformer)" in err, err
 
 
 def test_version_is_the_installed_distributions(capsys):

@@ -88,7 +88,8 @@ def checked(args) -> tuple[argparse.Namespace | None, int | None]:
 
 def run(args, settings: argparse.Namespace | None = None) -> int:
     """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
-    the input, 1 with a traceback for anything unexpected. `settings` is what `checked(args)`
+    the input, 1 with one line when the operating system refuses a read or a write (a full
+    disk), 1 with a traceback for anything else unexpected. `settings` is what `checked(args)`
     gave, when the caller checked already (the installed command checks before the backend
     loads, so that a mistake is reported in a fraction of a second)."""
     if settings is None:
@@ -107,8 +108,14 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
     except KeyboardInterrupt:
         print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception:  # a bug, not a mistake in the input: keep the traceback
-        import traceback
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            # The system refused a read or write (a full disk, a file that went away): one line.
+            paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+            print(f"keras-transformer {args.command}: error: {e.strerror or e}{': ' + paths if paths else ''}",
+                  file=sys.stderr)
+            return 1
+        import traceback  # a bug, not a mistake in the input: keep the traceback
 
         traceback.print_exc()
         print(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import shutil
+import tempfile
 
 
 # The names `train` writes in its output directory (and their temporary names): it
@@ -104,6 +105,12 @@ def creation_problem(path, run_dir=None) -> str | None:
     folder = place if os.path.isdir(place) else place.parent  # a file is replaced beside itself
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{folder} is not writable by this user"
+    try:  # what permissions do not tell (a read-only or special file system such as /proc)
+        descriptor, probe = tempfile.mkstemp(dir=folder, prefix=".keras-transformer-probe-")
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as e:
+        return f"nothing can be written in {folder} ({e.strerror or e})"
     return None
 
 

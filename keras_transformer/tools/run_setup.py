@@ -1,8 +1,7 @@
 """What a run needs before it trains: its corpus, the checks of its output directory,
 its vocabulary (learned or read back) and what the input pipeline keeps of the text.
 
-`train` calls these on the chief; the command line calls `check_output_dir` and
-`check_mixed_precision` while it checks its flags.
+`train` calls these on the chief, before it trains.
 """
 
 from __future__ import annotations
