@@ -43,6 +43,13 @@ def finite(where: str = "", **values) -> None:
             raise ValueError(f"{where}`{name}` must be a finite number. Received: {name}={value!r}")
 
 
+def positive_numbers(where: str = "", **values) -> None:
+    """Refuse any value that is not a finite real number > 0 (a scale, an epsilon)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{where}`{name}` must be a finite number > 0. Received: {name}={value!r}")
+
+
 def beam(beam_size, num_hypotheses) -> None:
     """Refuse a beam size below 1 or a number of hypotheses outside [1, beam_size]."""
     positive_ints(beam_size=beam_size)

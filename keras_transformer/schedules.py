@@ -34,9 +34,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
         _checks.positive_ints(d_model=d_model, warmup_steps=warmup_steps)
-        _checks.finite(scale=scale)
-        if scale <= 0:  # a rate of 0 trains nothing, a negative one climbs the loss
-            raise ValueError(f"`scale` must be > 0. Received: scale={scale!r}")
+        _checks.positive_numbers(scale=scale)  # a rate of 0 trains nothing, a negative one climbs the loss
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale

@@ -60,8 +60,8 @@ def test_schedule_formula_and_peak():
     # A width of 0 would make every rate infinite; a scale of 0, NaN or below, no training.
     for settings, message in ((dict(d_model=0), "`d_model` must be a positive integer"),
                               (dict(warmup_steps=0), "`warmup_steps` must be a positive integer"),
-                              (dict(scale=float("nan")), "`scale` must be a finite number"),
-                              (dict(scale=0.0), "`scale` must be > 0")):
+                              (dict(scale=float("nan")), "`scale` must be a finite number > 0"),
+                              (dict(scale=0.0), "`scale` must be a finite number > 0")):
         with pytest.raises(ValueError, match=message):
             kt.schedules.TransformerSchedule(**{"d_model": 512, **settings})
 

@@ -103,6 +103,16 @@ def test_presets_and_overrides():
 def test_bad_model_inputs():
     with pytest.raises(ValueError, match=r"d_model=10, num_heads=4"):
         _small(d_model=10, num_heads=4)
+    # Each size, rate and epsilon is checked by the model itself, before any layer is made.
+    for settings, message in ((dict(d_model=-1), "`d_model` must be a positive integer. Received: d_model=-1"),
+                              (dict(d_ff=0), "`d_ff` must be a positive integer. Received: d_ff=0"),
+                              (dict(num_heads=True), "`num_heads` must be a positive integer"),
+                              (dict(vocab_size=0), "`vocab_size` must be a positive integer"),
+                              (dict(num_layers=2.0), "`num_layers` must be a positive integer"),
+                              (dict(dropout=1.5), r"`dropout` must be in \[0, 1\)"),
+                              (dict(layer_norm_epsilon=-1e-6), "`layer_norm_epsilon` must be a finite number > 0")):
+        with pytest.raises(ValueError, match=message):
+            _small(**settings)
     model = _small()
     with pytest.raises(ValueError, match="'source_ids' and 'target_ids'"):
         model({"source": np.ones((1, 2), "int32")})

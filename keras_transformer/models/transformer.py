@@ -10,7 +10,7 @@ import warnings
 import keras
 from keras import ops
 
-from keras_transformer import _compat
+from keras_transformer import _checks, _compat
 from keras_transformer.backend.compile import FunctionCache
 from keras_transformer import ops as kt_ops
 from keras_transformer.defaults import END_ID, PAD_ID, PRESETS, START_ID
@@ -88,6 +88,11 @@ class Transformer(Translating, keras.Model):
         # Inputs are token ids: never cast them (a float id is an error, not a float).
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
+        where = f"Model '{self.name}': "
+        _checks.positive_ints(where, vocab_size=vocab_size, num_layers=num_layers, d_model=d_model,
+                              num_heads=num_heads, d_ff=d_ff)
+        _checks.rates(where, dropout=dropout)
+        _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
         if d_model % num_heads != 0:
             raise ValueError(
                 f"Model '{self.name}': `d_model` must be divisible by `num_heads`. "
