@@ -71,6 +71,11 @@ def _bad_input_cases(tmp_path):
          r"error: --tsv is read by --corpus tsv, and this run reads --corpus files: give the files of one corpus\.$"),
         (["--corpus", "numbers", "--source-file", src, "--target-file", src],
          r"--source-file is read by --corpus files, .*--target-file is read by --corpus files"),
+        # A setting only other corpora read is refused, not ignored.
+        (["--holdout", "20"], r"error: --holdout is read by --corpus files and tsv only, and this run reads --corpus "
+                              r"numbers\.$"),
+        (["--tsv", four_hundred, "--train-size", "1000"],
+         r"error: --train-size is read by --corpus numbers only, and this run reads --corpus tsv\.$"),
         (["--tsv", write("five.tsv", "".join(f"s{i}\tt{i}\n" for i in range(5))), "--holdout", "1"],
          r"more than a third of the 5 distinct pairs read; a corpus needs at least 6 distinct pairs"),
         (["--learning-rate-scale", "inf", "--label-smoothing", "nan", "--dropout=-inf"],
@@ -206,6 +211,19 @@ def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     assert "different config (preset: saved 'base', now 'tiny')." in err, err
     assert (tmp_path / "precious.txt").read_text() == "keep me"
     assert json.loads((tmp_path / "config.json").read_text()) == saved
+
+
+def test_a_setting_the_corpus_does_not_read_is_not_compared_on_resume(tmp_path):
+    from keras_transformer.tools.config import RunError, TrainConfig
+    from keras_transformer.tools.run_setup import check_output_dir
+
+    # An older version accepted (and ignored) --holdout with the numbers corpus.
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(TrainConfig(holdout=20))))
+    assert check_output_dir(tmp_path, TrainConfig()) is True
+    # With a corpus that reads it, it is a different run.
+    (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(TrainConfig(corpus="tsv", tsv="a", holdout=20))))
+    with pytest.raises(RunError, match="holdout: saved 20, now 500"):
+        check_output_dir(tmp_path, TrainConfig(corpus="tsv", tsv="a"))
 
 
 # The installed command's code path; prints which backends were imported when it ended.

@@ -42,6 +42,9 @@ class CorpusKind:
             called before anything is read.
         implied_by: `TrainConfig` fields whose use implies this corpus when `--corpus`
             is not given (`--tsv FILE` means `--corpus tsv`).
+        reads: Other `TrainConfig` fields that only some corpora read (`--holdout`):
+            set away from their default for a corpus that does not read them, they are
+            refused rather than ignored.
     """
 
     name: str
@@ -49,6 +52,7 @@ class CorpusKind:
     load: Callable
     check: Callable = lambda config: []
     implied_by: tuple = ()
+    reads: tuple = ()
 
 
 def _corpora():
@@ -68,15 +72,17 @@ def _check_numbers(config) -> list:
 # a `TrainConfig` field for each new setting it reads (its reader in `text/corpora.py`).
 CORPORA = {kind.name: kind for kind in (
     CorpusKind("numbers", "built-in English->German number words (no download)",
-               lambda c: _corpora().numbers_corpus(train_size=c.train_size, seed=c.seed), _check_numbers),
+               lambda c: _corpora().numbers_corpus(train_size=c.train_size, seed=c.seed), _check_numbers,
+               reads=("train_size",)),
     CorpusKind("files", "two aligned files, --source-file and --target-file",
                lambda c: _corpora().corpus_from_files(c.source_file, c.target_file, holdout=c.holdout, seed=c.seed),
                lambda c: [] if c.source_file and c.target_file else
                ["--source-file and --target-file must be given together"],
-               implied_by=("source_file", "target_file")),
+               implied_by=("source_file", "target_file"), reads=("holdout",)),
     CorpusKind("tsv", "one tab-separated file of pairs, --tsv",
                lambda c: _corpora().corpus_from_files(tsv=c.tsv, holdout=c.holdout, seed=c.seed),
-               lambda c: [] if c.tsv else ["--corpus tsv needs --tsv FILE"], implied_by=("tsv",)),
+               lambda c: [] if c.tsv else ["--corpus tsv needs --tsv FILE"], implied_by=("tsv",),
+               reads=("holdout",)),
 )}
 
 
@@ -232,8 +238,9 @@ class TrainConfig:
             raise RunError("; ".join(problems) + ".")
 
     def _corpus_problems(self) -> list:
-        """The corpus's own checks, and the files of another corpus given with it (they
-        would be ignored: `--tsv` with `--source-file` and `--target-file`)."""
+        """The corpus's own checks, and the files or settings of another corpus given with
+        it (they would be ignored: `--tsv` with `--source-file` and `--target-file`,
+        `--holdout` with the numbers corpus)."""
         if self.corpus not in CORPORA:
             return [f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}"]
         problems = list(CORPORA[self.corpus].check(self))
@@ -241,7 +248,19 @@ class TrainConfig:
             problems += [f"--{_flag(name)} is read by --corpus {kind.name}, and this run reads --corpus "
                          f"{self.corpus}: give the files of one corpus" for name in kind.implied_by
                          if kind.name != self.corpus and getattr(self, name)]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in self.unread_settings():
+            if getattr(self, name) != defaults[name]:
+                readers = " and ".join(kind.name for kind in CORPORA.values() if name in kind.reads)
+                problems.append(f"--{_flag(name)} is read by --corpus {readers} only, and this run reads --corpus "
+                                f"{self.corpus}")
         return problems
+
+    def unread_settings(self) -> list:
+        """The settings only other corpora read (`CorpusKind.reads`): this run ignores them."""
+        names = dict.fromkeys(name for kind in CORPORA.values() for name in kind.reads)
+        own = CORPORA[self.corpus].reads if self.corpus in CORPORA else ()
+        return [name for name in names if name not in own]
 
     def _real_number_problems(self) -> list:
         """Each NaN or infinite setting, once ("nan" and "inf" parse as floats), then the

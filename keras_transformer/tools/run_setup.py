@@ -67,12 +67,15 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{config_file} is not a run config ({e}); choose another --output-dir.") from None
     current = dataclasses.asdict(config)
-    # A setting added after the run was written has its default there.
+    # A setting added after the run was written has its default there; one the run's
+    # corpus does not read (an older version kept `--holdout` with the numbers corpus) is
+    # not compared.
     saved = {**dataclasses.asdict(TrainConfig()), **saved}
+    unread = config.unread_settings() if saved.get("corpus") == config.corpus else []
     differences = [
         f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key)
+        if saved.get(key) != current.get(key) and key not in unread
     ]
     if differences:
         raise RunError(
