@@ -213,6 +213,17 @@ def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     assert json.loads((tmp_path / "config.json").read_text()) == saved
 
 
+def test_an_epoch_is_never_longer_than_the_run():
+    from keras_transformer.tools.config import TrainConfig
+
+    # `fit` reads `batches_per_epoch` batches an epoch, and its progress bar counts to it:
+    # a run of 20 steps is one epoch of 20 (it showed 125/125 after 20 updates).
+    for settings, epochs, batches in ((dict(steps=20), 1, 20), (dict(steps=20, accumulate_steps=2), 1, 40),
+                                      (dict(steps=300, steps_per_epoch=125), 3, 125)):
+        config = TrainConfig(**settings)
+        assert (config.epochs(), config.batches_per_epoch()) == (epochs, batches), settings
+
+
 def test_a_setting_the_corpus_does_not_read_is_not_compared_on_resume(tmp_path):
     from keras_transformer.tools.config import RunError, TrainConfig
     from keras_transformer.tools.run_setup import check_output_dir

@@ -297,8 +297,10 @@ class TrainConfig:
         return math.ceil(self.steps / self.steps_per_epoch)
 
     def batches_per_epoch(self) -> int:
-        """The batches `fit` reads in an epoch: each update is `--accumulate-steps` of them."""
-        return self.steps_per_epoch * self.accumulate_steps
+        """The batches `fit` reads in an epoch: each update is `--accumulate-steps` of them.
+        A run shorter than `--steps-per-epoch` is one epoch of its steps (so that the
+        progress bar counts to `--steps`)."""
+        return min(self.steps_per_epoch, self.steps) * self.accumulate_steps
 
     def effective_warmup(self) -> int:
         if self.warmup_steps is not None:
