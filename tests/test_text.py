@@ -173,6 +173,16 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["a b c"], vocab_size=4)
     with pytest.raises(ValueError, match="empty corpus"):
         Tokenizer.build([], vocab_size=100)
+    # Only empty texts: the trainer's own error asked for a larger vocabulary.
+    with pytest.raises(ValueError, match="2 texts, none with a character other than white space"):
+        Tokenizer.build(["", "  "], vocab_size=100)
+    # A bare string was learned from character by character; a non-text failed inside the trainer.
+    with pytest.raises(TypeError, match="for one text, pass"):
+        Tokenizer.build("the cat sat", vocab_size=100)
+    with pytest.raises(TypeError, match=r"`texts` must be strings. Received: texts\[1\]=None"):
+        Tokenizer.build(["a b", None], vocab_size=100)
+    with pytest.raises(ValueError, match="`min_frequency` must be an integer >= 0"):  # was an OverflowError
+        Tokenizer.build(["a b c"], vocab_size=100, kind="wordpiece", min_frequency=-1)
     with pytest.raises(ValueError, match="`kind` must be one of"):
         Tokenizer.build(["a b c"], vocab_size=100, kind="bpe")
     with pytest.raises(ValueError, match=r"each reserved token .* exactly once.*'\[PAD\]': 0"):

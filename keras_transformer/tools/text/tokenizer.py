@@ -126,11 +126,8 @@ class Tokenizer(tf.Module):
 
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
-        _check_vocab_size(vocab_size)
+        texts = vocabulary.check_inputs(texts, vocab_size, min_frequency)
         ids = _check_reserved_ids((pad_id, unk_id, start_id, end_id))
-        texts = list(texts)
-        if not texts:
-            raise ValueError("Cannot build a vocabulary from an empty corpus. Received: 0 texts")
         if lower_case:
             texts = [t.lower() for t in texts]
         if kind == "sentencepiece":
@@ -358,15 +355,6 @@ def normalise(text: str) -> str:
     """`text` as a SentencePiece round trip gives it back: NFC, runs of spaces as one, no
     space at either end."""
     return re.sub(" +", " ", unicodedata.normalize("NFC", text)).strip()
-
-
-def _check_vocab_size(vocab_size: int) -> None:
-    minimum = len(RESERVED_TOKENS) + 1
-    if vocab_size < minimum:
-        raise ValueError(
-            f"`vocab_size` must be at least {minimum} (the reserved tokens "
-            f"{list(RESERVED_TOKENS)} and one more). Received: vocab_size={vocab_size}"
-        )
 
 
 def _learn_wordpiece(texts: list[str], vocab_size: int, min_frequency: int, learner: str) -> list[str]:

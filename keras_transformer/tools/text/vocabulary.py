@@ -13,7 +13,29 @@ import unicodedata
 
 import tensorflow as tf
 
+from keras_transformer import _checks
 from keras_transformer.tools.text.tokenizer import END, PAD, RESERVED_TOKENS, START, UNK
+
+
+def check_inputs(texts, vocab_size: int, min_frequency: int) -> list[str]:
+    """`texts` as a list, after refusing what no vocabulary can be learned from: a bare
+    string (one text per character), a value that is not text, no text or only empty
+    ones, a vocabulary size without room past the reserved tokens, a negative
+    `min_frequency`."""
+    texts = _checks.texts(texts)
+    _checks.positive_ints(vocab_size=vocab_size)
+    _checks.counts(min_frequency=min_frequency)
+    minimum = len(RESERVED_TOKENS) + 1
+    if vocab_size < minimum:
+        raise ValueError(f"`vocab_size` must be at least {minimum} (the reserved tokens {list(RESERVED_TOKENS)} "
+                         f"and one more). Received: vocab_size={vocab_size}")
+    wrong = next(((i, t) for i, t in enumerate(texts) if not isinstance(t, (str, bytes))), None)
+    if wrong is not None:
+        raise TypeError(f"`texts` must be strings. Received: texts[{wrong[0]}]={wrong[1]!r:.60}")
+    if not any(t.strip() for t in texts):
+        raise ValueError(f"Cannot build a vocabulary from an empty corpus. Received: {len(texts)} texts, "
+                         "none with a character other than white space")
+    return texts
 
 
 @functools.lru_cache(maxsize=1)
