@@ -300,6 +300,11 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--hypotheses {hypotheses} is the {named} file" in err, err
     assert notes.read_text() == "one two\n" and (tmp_path / "references.txt").read_text() == "eins zwei\n"
+    # --split names the run's own pairs: with files as well, one of the two was ignored.
+    assert cli.main(["evaluate", "--run-dir", run, "--split", "validation", "--source-file", str(notes),
+                     "--target-file", str(tmp_path / "references.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--split validation picks the run's own held-out pairs" in err, err
     # An output over one of the run's own files (under any name) would destroy the run.
     (tmp_path / "run_link").symlink_to(demo / "run")
     before = {p: p.read_bytes() for p in (demo / "run").rglob("*") if p.is_file() and "tensorboard" not in p.parts}

@@ -20,8 +20,8 @@ def add_parser(sub) -> None:
                     "(corpus BLEU and chrF, signatures printed) and exact match.",
     )
     run_dir_flag(p)
-    p.add_argument("--split", choices=["test", "validation"], default="test",
-                   help="Which split of the run's corpus to translate.")
+    p.add_argument("--split", choices=["test", "validation"],
+                   help="Which split of the run's corpus to translate. [default: test]")
     p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
     p.add_argument("--target-file", help="... with these references.")
     p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
@@ -34,14 +34,18 @@ def add_parser(sub) -> None:
 def check(args) -> dict:
     if bool(args.source_file) != bool(args.target_file):
         raise RunError("--source-file and --target-file must be given together.")
+    if args.source_file and args.split:
+        raise RunError(f"--split {args.split} picks the run's own held-out pairs; --source-file and --target-file "
+                       "give others: give one or the other.")
+    split = args.split or "test"
     hypotheses = pathlib.Path(args.hypotheses or os.path.join(
-        args.run_dir, f"hypotheses.{'files' if args.source_file else args.split}.txt"))
+        args.run_dir, f"hypotheses.{'files' if args.source_file else split}.txt"))
     if hypotheses.is_dir():
         raise RunError(f"--hypotheses {hypotheses} is a directory; give a file name.")
     check_writable("--hypotheses", hypotheses, args.run_dir)
     check_not_an_input("--hypotheses", hypotheses, {"--source-file": args.source_file, "--target-file": args.target_file})
     run_model_file(args.run_dir, args.model)
-    return {"hypotheses": hypotheses}
+    return {"hypotheses": hypotheses, "split": split}
 
 
 def run(args) -> int:
