@@ -62,6 +62,7 @@ def _bad_input_cases(tmp_path):
         (["--tsv", four_hundred, "--holdout", "100000"], r"--holdout 100000 asks for 200000 held-out pairs.*400 distinct pairs"),
         (["--stop-at-exact-match", "0.9"], r"--stop-at-exact-match needs --validate-translations N > 0"),
         (["--stop-checks", "2"], r"--stop-checks 2 needs --stop-at-exact-match"),
+        (["--validation-beam-size", "4"], r"error: --validation-beam-size 4 needs --validate-translations N > 0\.$"),
         (["--validate-translations", "5", "--stop-at-exact-match", "0.9", "--stop-checks", "0"],
          r"--stop-checks must be >= 1; got 0\.$"),
         (["--validate-translations", "5", "--stop-at-exact-match", "99"], r"--stop-at-exact-match must be in \(0, 1\]"),

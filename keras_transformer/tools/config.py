@@ -228,6 +228,8 @@ class TrainConfig:
             need(self.validate_translations > 0, "--stop-at-exact-match needs --validate-translations N > 0")
         need(self.stop_checks <= 1 or self.stop_at_exact_match is not None,
              f"--stop-checks {self.stop_checks} needs --stop-at-exact-match")
+        need(self.validation_beam_size == VALIDATION_BEAM_SIZE or self.validate_translations > 0,
+             f"--validation-beam-size {self.validation_beam_size} needs --validate-translations N > 0")
         if self.preset in PRESETS:
             model = self.model_config()
             if min(model["d_model"], model["num_heads"]) >= 1 and model["d_model"] % model["num_heads"]:
