@@ -46,8 +46,7 @@ def main(argv=None):
 
     config = TrainConfig(corpus="files", source_file=str(args.source_file), target_file=str(args.target_file),
                          holdout=args.holdout, preset="tiny", steps=args.steps,
-                         steps_per_epoch=min(100, args.steps), batch_tokens=2048, vocab_size=1000,
-                         min_frequency=10)
+                         steps_per_epoch=min(100, args.steps), batch_tokens=2048, vocab_size=1000)
     metrics = train(config, run_dir, verbose=2)
     print(f"teacher-forced test token accuracy: {metrics['test_accuracy']:.3f}")
 

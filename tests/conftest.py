@@ -153,7 +153,7 @@ def copy_task(path, size=600):
 # A run small enough for CI: the tiny preset's width with one block, on a 1,500-pair copy
 # task with 20 pairs held out for validation and 20 for test. (The numbers corpus holds out
 # 1,000 of each: on JAX, their evaluation shapes took ~8 s of every short run.)
-SMALL_SETTINGS = dict(holdout=20, vocab_size=100, min_frequency=1, batch_tokens=1024, max_length=32, num_layers=1)
+SMALL_SETTINGS = dict(holdout=20, vocab_size=100, batch_tokens=1024, max_length=32, num_layers=1)
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,8 @@ def _bad_input_cases(tmp_path):
                               r"numbers\.$"),
         (["--tsv", four_hundred, "--train-size", "1000"],
          r"error: --train-size is read by --corpus numbers only, and this run reads --corpus tsv\.$"),
+        (["--min-frequency", "5"],
+         r"error: --min-frequency is read by --tokenizer wordpiece only, and this run uses --tokenizer sentencepiece\.$"),
         (["--tsv", write("five.tsv", "".join(f"s{i}\tt{i}\n" for i in range(5))), "--holdout", "1"],
          r"more than a third of the 5 distinct pairs read; a corpus needs at least 6 distinct pairs"),
         (["--learning-rate-scale", "inf", "--label-smoothing", "nan", "--dropout=-inf"],
@@ -319,7 +321,7 @@ sys.exit(keras_transformer_cli.main(sys.argv[3:]))
 def test_killed_at_any_moment_the_run_resumes_and_finishes(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "--output-dir", str(out), "--tsv", copy_task(tmp_path / "copy.tsv"), "--holdout", "20",
-            "--vocab-size", "100", "--min-frequency", "1", "--batch-tokens", "512", "--max-length", "16",
+            "--vocab-size", "100", "--batch-tokens", "512", "--max-length", "16",
             "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--norm-first", "--quiet",
             "--steps", "15", "--steps-per-epoch", "5", "--average-checkpoints", "2"]
     moments = [

@@ -240,9 +240,9 @@ class TrainConfig:
             raise RunError("; ".join(problems) + ".")
 
     def _corpus_problems(self) -> list:
-        """The corpus's own checks, and the files or settings of another corpus given with
-        it (they would be ignored: `--tsv` with `--source-file` and `--target-file`,
-        `--holdout` with the numbers corpus)."""
+        """The corpus's own checks, the files of another corpus given with it, and the
+        settings this run would ignore (`--tsv` with `--source-file` and `--target-file`,
+        `--holdout` with the numbers corpus, `--min-frequency` with SentencePiece)."""
         if self.corpus not in CORPORA:
             return [f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}"]
         problems = list(CORPORA[self.corpus].check(self))
@@ -251,18 +251,23 @@ class TrainConfig:
                          f"{self.corpus}: give the files of one corpus" for name in kind.implied_by
                          if kind.name != self.corpus and getattr(self, name)]
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in self.unread_settings():
+        for name, (readers, this_run) in self.unread_settings().items():
             if getattr(self, name) != defaults[name]:
-                readers = " and ".join(kind.name for kind in CORPORA.values() if name in kind.reads)
-                problems.append(f"--{_flag(name)} is read by --corpus {readers} only, and this run reads --corpus "
-                                f"{self.corpus}")
+                problems.append(f"--{_flag(name)} is read by {readers} only, and this run {this_run}")
         return problems
 
-    def unread_settings(self) -> list:
-        """The settings only other corpora read (`CorpusKind.reads`): this run ignores them."""
-        names = dict.fromkeys(name for kind in CORPORA.values() for name in kind.reads)
-        own = CORPORA[self.corpus].reads if self.corpus in CORPORA else ()
-        return [name for name in names if name not in own]
+    def unread_settings(self) -> dict:
+        """The settings this run ignores, each with what reads them and what this run
+        has instead: those only other corpora read (`CorpusKind.reads`), and
+        `--min-frequency` beside SentencePiece."""
+        unread = {}
+        for name in dict.fromkeys(name for kind in CORPORA.values() for name in kind.reads):
+            readers = [kind.name for kind in CORPORA.values() if name in kind.reads]
+            if self.corpus not in readers:
+                unread[name] = (f"--corpus {' and '.join(readers)}", f"reads --corpus {self.corpus}")
+        if self.tokenizer != "wordpiece":
+            unread["min_frequency"] = ("--tokenizer wordpiece", f"uses --tokenizer {self.tokenizer}")
+        return unread
 
     def _real_number_problems(self) -> list:
         """Each NaN or infinite setting, once ("nan" and "inf" parse as floats), then the
