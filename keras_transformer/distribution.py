@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_transformer import _checks
+
 __all__ = ["layout_map", "model_parallel"]
 
 # Variable-path patterns (regular expressions, as `keras.distribution.LayoutMap` takes
@@ -62,8 +64,8 @@ def layout_map(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff:
         A `keras.distribution.LayoutMap`; unmatched variables (LayerNorm) are replicated.
 
     Raises:
-        ValueError: if the mesh has no `model_axis`, or its size does not divide
-            `num_heads` or `d_ff`.
+        ValueError: if `num_heads` or `d_ff` is not a positive integer, the mesh has no
+            `model_axis`, or its size does not divide `num_heads` or `d_ff`.
 
     Example:
 
@@ -79,6 +81,7 @@ def layout_map(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff:
     ...
     ValueError: The mesh axis 'model' has 4 devices, which does not divide num_heads=6: ...
     """
+    _checks.positive_ints(num_heads=num_heads, d_ff=d_ff)  # 0 would pass every divisibility check
     if model_axis not in device_mesh.axis_names:
         raise ValueError(f"The device mesh has no axis {model_axis!r}; its axes are {list(device_mesh.axis_names)}.")
     size = device_mesh.shape[list(device_mesh.axis_names).index(model_axis)]

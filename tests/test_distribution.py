@@ -71,6 +71,8 @@ def test_layout_map_refuses_a_model_axis_that_does_not_divide_heads_or_d_ff():
         kt.distribution.layout_map(mesh((1, 3)), num_heads=6, d_ff=1000)
     with pytest.raises(ValueError, match="no axis 'tensor'"):
         kt.distribution.layout_map(mesh((2, 4)), num_heads=8, d_ff=64, model_axis="tensor")
+    with pytest.raises(ValueError, match="`num_heads` must be a positive integer"):  # 0 divides by anything
+        kt.distribution.layout_map(mesh((2, 4)), num_heads=0, d_ff=64)
 
 
 def test_layout_map_covers_every_sharded_weight_of_the_model():
