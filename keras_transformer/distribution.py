@@ -62,6 +62,9 @@ def layout_map(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff:
 
     Returns:
         A `keras.distribution.LayoutMap`; unmatched variables (LayerNorm) are replicated.
+        The shared embedding is split on the vocabulary, so the model's `vocab_size`
+        must be a multiple of the axis size too (JAX refuses the model's creation
+        otherwise, with an `IndivisibleError` naming the shape).
 
     Raises:
         ValueError: if `num_heads` or `d_ff` is not a positive integer, the mesh has no
