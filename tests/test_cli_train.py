@@ -105,6 +105,15 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, capsys):
         assert not out.exists(), args  # nothing written before the error
 
 
+def test_demo_checks_its_training_settings_as_train_does(tmp_path, capsys):
+    # --train-size 5 was an internal error from the corpus builder, after the banner.
+    for size in ("5", "99999999"):
+        assert cli.main(["demo", "--output-dir", str(tmp_path / "demo"), "--train-size", size]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: --train-size must be in [100, 998000]" in err and size in err, err
+    assert not (tmp_path / "demo").exists()
+
+
 def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")

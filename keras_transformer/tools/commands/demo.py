@@ -29,9 +29,12 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run, check=check)
 
 
-def check(args) -> None:
+def check(args) -> dict:
     check_writable("--output-dir", args.output_dir)
     check_replaceable(os.path.join(args.output_dir, "translator"), "savedmodel")  # the export replaces it
+    config = _config(args)
+    config.validate()  # --train-size and --steps as train checks them
+    return {"config": config}
 
 
 DEMO_TARGET = 0.995  # validation exact match (greedy, 1,000 numbers) at which the demo stops training
@@ -50,7 +53,7 @@ def run(args) -> int:
 
     start = time.time()
     out = pathlib.Path(args.output_dir)
-    config = _config(args)
+    config = args.config
     print(f"== 1/4 train the tiny preset (no dropout) on the numbers corpus ({keras.backend.backend()} backend) until "
           f"{round(DEMO_TARGET * 100, 4):g}% of {config.validate_translations} validation numbers translate exactly "
           f"on {DEMO_CHECKS} checks in a row (at most {config.steps} steps)", flush=True)
