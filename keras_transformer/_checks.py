@@ -35,12 +35,14 @@ def rates(where: str = "", **values) -> None:
             raise ValueError(f"{where}`{name}` must be in [0, 1). Received: {name}={value!r}")
 
 
-def finite(where: str = "", **values) -> None:
-    """Refuse any value that is not a finite real number (a NaN or infinite length
-    penalty would score every hypothesis NaN, and the search would return any of them)."""
+def length_penalties(where: str = "", **values) -> None:
+    """Refuse any value that is not a finite real number >= 0 (a NaN or infinite length
+    penalty would score every hypothesis NaN, and the search would return any of them; a
+    negative one turns the normalisation around and favours the shortest hypotheses; the
+    command line refuses it too)."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(f"{where}`{name}` must be a finite number. Received: {name}={value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{where}`{name}` must be a finite number >= 0. Received: {name}={value!r}")
 
 
 def positive_numbers(where: str = "", **values) -> None:

@@ -148,7 +148,7 @@ def beam_search(
         end_id: The `[END]` id.
         pad_id: The `[PAD]` id, written after `[END]`.
         beam_size: Hypotheses kept per input k. Defaults to `4` (the paper).
-        length_penalty_alpha: alpha. Defaults to `0.6` (the paper).
+        length_penalty_alpha: alpha, >= 0. Defaults to `0.6` (the paper).
         min_length: No `[END]` before this many tokens. Defaults to `0`.
         num_hypotheses: n, how many hypotheses to return per input (the n-best
             list), at most `beam_size`. Defaults to `1`.
@@ -172,7 +172,7 @@ def beam_search(
         With `return_complete=True`, `(tokens, scores, complete)`.
     """
     _checks.beam(beam_size, num_hypotheses)
-    _checks.finite(length_penalty_alpha=length_penalty_alpha)
+    _checks.length_penalties(length_penalty_alpha=length_penalty_alpha)
     k = beam_size
     alpha = float(length_penalty_alpha)
     banned = _Banned(start_id, end_id, pad_id, min_length)

@@ -174,8 +174,8 @@ def test_bad_arguments():
         source[0, 0] = bad
         with pytest.raises(ValueError, match=rf"`source_ids` must be in \[0, {vocab_size}\) \(vocab_size={vocab_size}\)"):
             model.translate(source)
-    for alpha in (float("nan"), float("inf"), "0.6"):
-        with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
+    for alpha in (float("nan"), float("inf"), "0.6", -0.5):  # -0.5 was accepted: the CLI refuses it
+        with pytest.raises(ValueError, match="`length_penalty` must be a finite number >= 0"):
             model.translate(_source(), length_penalty=alpha)
     with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):
         decoding.beam_search(lambda *a: None, {}, 1, 3, start_id=2, end_id=3, pad_id=0, length_penalty_alpha=float("nan"))

@@ -109,7 +109,7 @@ class Translating:
         Args:
             source_ids: Integer `(B, S)`, padded with `pad_id`.
             beam_size: Defaults to `4` (the paper). `1` is greedy decoding.
-            length_penalty: alpha of the GNMT penalty `((5 + |Y|) / 6)^alpha`.
+            length_penalty: alpha >= 0 of the GNMT penalty `((5 + |Y|) / 6)^alpha`.
                 Defaults to `0.6` (the paper).
             max_extra_length: Longest output = `S + max_extra_length`. Defaults to `50`.
             max_length: Longest output, instead of `S + max_extra_length`.
@@ -133,7 +133,7 @@ class Translating:
             best first, and `(B, n)` scores.
         """
         _checks.beam(beam_size, num_hypotheses)
-        _checks.finite(length_penalty=length_penalty)
+        _checks.length_penalties(length_penalty=length_penalty)
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")

@@ -51,7 +51,7 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
 
     check_special_ids(model, tokenizer)  # a ValueError naming both values
     _checks.positive_ints(beam_size=beam_size)
-    _checks.finite(length_penalty=length_penalty)
+    _checks.length_penalties(length_penalty=length_penalty)
     _checks.counts(max_extra_length=max_extra_length)
     files.check_replacement(path, "savedmodel")
     path = pathlib.Path(path)
