@@ -137,3 +137,18 @@ def test_cache_without_index_is_refused():
     cache = block.init_cache(1, 4)
     with pytest.raises(ValueError, match="requires `cache_index`"):
         block(np.zeros((1, 1, 8), "float32"), cache=cache)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: kt.layers.EncoderBlock(2, 8, layer_norm_epsilon=-1.0), "`layer_norm_epsilon` must be a finite number > 0"),
+    (lambda: kt.layers.DecoderBlock(2, 8, attention_dropout=2.0), r"`attention_dropout` must be in \[0, 1\)"),
+    (lambda: kt.layers.EncoderBlock(2, 8, key_dim=0), "`key_dim` must be a positive integer or None"),
+    (lambda: kt.layers.Encoder(1, 0, 8), "`num_heads` must be a positive integer"),
+    (lambda: kt.layers.PositionwiseFFN(8, dropout=1.0), r"`dropout` must be in \[0, 1\)"),
+    (lambda: kt.layers.SinusoidalEmbedding(10, 8, dropout=-0.1), r"`dropout` must be in \[0, 1\)"),
+    (lambda: kt.layers.SinusoidalPositionalEncoding(float("nan")), "`max_wavelength` must be a finite number"),
+])
+def test_layer_arguments_are_checked_when_the_layer_is_made(make, message):
+    # Each was accepted when made (and failed at build, inside Keras, or gave NaN).
+    with pytest.raises(ValueError, match=message):
+        make()

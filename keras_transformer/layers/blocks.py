@@ -41,7 +41,11 @@ class _Block(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
+        where = f"Layer '{self.name}': "
+        _checks.positive_ints(where, num_heads=num_heads, d_ff=d_ff)
+        _checks.positive_ints(where, optional=True, key_dim=key_dim)
+        _checks.rates(where, dropout=dropout, attention_dropout=attention_dropout)
+        _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout

@@ -46,6 +46,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength: float = 10000, **kwargs):
         super().__init__(**kwargs)
+        _checks.positive_numbers(f"Layer '{self.name}': ", max_wavelength=max_wavelength)  # NaN, inf: refused
         if max_wavelength <= 1:
             raise ValueError(
                 f"Layer '{self.name}': `max_wavelength` must be > 1. "
@@ -131,6 +132,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         _checks.positive_ints(f"Layer '{self.name}': ", vocab_size=vocab_size, d_model=d_model)
+        _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.dropout = dropout
