@@ -280,7 +280,8 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     (tmp_path / "translator").mkdir()
     (tmp_path / "translator" / "notes.txt").write_text("mine")
     assert cli.main(["demo", "--output-dir", str(tmp_path)]) == 2
-    assert "translator holds files that are not a savedmodel export (notes.txt)" in capsys.readouterr().err
+    err = capsys.readouterr().err  # named by demo's own flag (it has no --output)
+    assert f"--output-dir {tmp_path}: its {tmp_path / 'translator'} holds files that are not a savedmodel export (notes.txt)" in err
     # An --output that is the --input file, under any name, would replace the sentences.
     notes = tmp_path / "notes.txt"
     notes.write_text("one two\n")

@@ -7,8 +7,9 @@ import os
 import sys
 
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
-from keras_transformer.tools.commands.export import check_replaceable, serving_instructions
-from keras_transformer.tools.config import TrainConfig
+from keras_transformer.tools.commands.export import serving_instructions
+from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.files import replacement_problem
 
 
 def add_parser(sub) -> None:
@@ -31,7 +32,10 @@ def add_parser(sub) -> None:
 
 def check(args) -> dict:
     check_writable("--output-dir", args.output_dir)
-    check_replaceable(os.path.join(args.output_dir, "translator"), "savedmodel")  # the export replaces it
+    translator = os.path.join(args.output_dir, "translator")
+    problem = replacement_problem(translator, "savedmodel")  # the export replaces it as a whole
+    if problem:
+        raise RunError(f"--output-dir {args.output_dir}: its {translator} {problem}")
     config = _config(args)
     config.validate()  # --train-size and --steps as train checks them
     return {"config": config}
