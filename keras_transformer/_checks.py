@@ -45,11 +45,16 @@ def length_penalties(where: str = "", **values) -> None:
             raise ValueError(f"{where}`{name}` must be a finite number >= 0. Received: {name}={value!r}")
 
 
+def numbers_above(where: str, bound: float, **values) -> None:
+    """Refuse any value that is not a finite real number > `bound`."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= bound:
+            raise ValueError(f"{where}`{name}` must be a finite number > {bound}. Received: {name}={value!r}")
+
+
 def positive_numbers(where: str = "", **values) -> None:
     """Refuse any value that is not a finite real number > 0 (a scale, an epsilon)."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{where}`{name}` must be a finite number > 0. Received: {name}={value!r}")
+    numbers_above(where, 0, **values)
 
 
 def beam(beam_size, num_hypotheses) -> None:

@@ -46,12 +46,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength: float = 10000, **kwargs):
         super().__init__(**kwargs)
-        _checks.positive_numbers(f"Layer '{self.name}': ", max_wavelength=max_wavelength)  # NaN, inf: refused
-        if max_wavelength <= 1:
-            raise ValueError(
-                f"Layer '{self.name}': `max_wavelength` must be > 1. "
-                f"Received: max_wavelength={max_wavelength!r}"
-            )
+        _checks.numbers_above(f"Layer '{self.name}': ", 1, max_wavelength=max_wavelength)
         self.max_wavelength = max_wavelength
         self.built = True
 

@@ -71,7 +71,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     # corpus does not read (an older version kept `--holdout` with the numbers corpus) is
     # not compared.
     saved = {**dataclasses.asdict(TrainConfig()), **saved}
-    unread = config.unread_settings() if saved.get("corpus") == config.corpus else []
+    unread = config.unread_settings() if saved.get("corpus") == config.corpus else {}
     differences = [
         f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(saved) | set(current))
