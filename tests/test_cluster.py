@@ -8,6 +8,7 @@ The processes run on this machine, as on a cluster: JAX through `keras.distribut
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import socket
@@ -236,6 +237,32 @@ def test_bad_cluster_settings_are_one_sentence_each(backend):
     else:
         with pytest.raises(ClusterError, match="TF_CONFIG is not a cluster description"):
             cluster.from_environment(backend, {"TF_CONFIG": "{not json"})
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"cluster": {"worker": [1234, 1235]}}, "cluster.worker must be a list of \"host:port\" strings"),
+    ({"cluster": {"worker": "localhost:1234"}}, "cluster.worker must be a list of \"host:port\" strings"),
+    ({"cluster": {"worker": ["localhost:1234"], "chief": ["localhost:1235"]}}, "under \"worker\" only .* \\['chief'\\]"),
+    ({"cluster": {"worker": ["localhost:1234", "localhost:1234"]}}, "lists localhost:1234 more than once"),
+    ({"task": {"type": "worker", "index": True}}, "task.index must be an integer >= 0; got True"),
+    ({"task": {"type": "worker", "index": 1.5}}, "task.index must be an integer >= 0; got 1.5"),
+    ({"task": {"type": "worker"}}, "task.index must be an integer >= 0; got None"),
+    ({"task": [0]}, "needs a \"cluster\" and a \"task\" object"),
+])
+def test_a_tf_config_that_is_not_a_list_of_workers_is_named(config, message):
+    good = json.loads(cluster.launch_environment("tensorflow", 2, 1, 29500)["TF_CONFIG"])
+    with pytest.raises(ClusterError, match=message):
+        cluster.from_environment("tensorflow", {"TF_CONFIG": json.dumps({**good, **config})})
+
+
+def test_counts_and_ports_are_ascii_integers_the_engines_can_hold():
+    good = cluster.launch_environment("torch", 2, 1, 29500)
+    for value, message in [("٢", "got '٢'"), (" 2", "got ' 2'"), ("2.0", "got '2.0'"),
+                           (str(10**20), "at most 2147483647")]:
+        with pytest.raises(ClusterError, match=f"WORLD_SIZE must be .*{message}"):
+            cluster.from_environment("torch", {**good, "WORLD_SIZE": value})
+    with pytest.raises(ClusterError, match="must be the coordinator's host:port"):
+        cluster.from_environment("torch", {**good, "MASTER_PORT": "٢٩٥٠٠"})
 
 
 def test_the_chief_refuses_a_port_in_use():

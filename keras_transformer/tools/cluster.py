@@ -107,32 +107,57 @@ def from_environment(backend: str, environ=None) -> Cluster:
     return cluster
 
 
-def _integer(text, name: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{name} must be an integer >= {minimum}; got {text!r}.") from None
-    if value < minimum:
-        raise ClusterError(f"{name} must be an integer >= {minimum}; got {value}.")
-    return value
+# The most processes a run can have: the engines count them in C ints.
+MAX_PROCESSES = 2**31 - 1
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    """A count or an index: a variable's ASCII digits, or a JSON integer (TF_CONFIG's)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+    else:
+        raise ClusterError(f"{name} must be an integer >= {minimum}; got {value!r}.")
+    if number < minimum:
+        raise ClusterError(f"{name} must be an integer >= {minimum}; got {number}.")
+    if number > MAX_PROCESSES:
+        raise ClusterError(f"{name} must be at most {MAX_PROCESSES} (the engines count processes in C ints); "
+                           f"got {number}.")
+    return number
 
 
 def _tf_config(text: str):
+    """The coordinator, the count and the index of a TF_CONFIG that lists workers only
+    (`launch` writes one; MultiWorkerMirroredStrategy makes worker 0 the chief)."""
     try:
         config = json.loads(text)
-        workers = list(config["cluster"]["worker"])
-        index = config["task"]["index"]
-        if config["task"].get("type", "worker") != "worker":
-            raise ClusterError(f"TF_CONFIG's task.type must be 'worker'; got {config['task']['type']!r}.")
-    except (ValueError, KeyError, TypeError) as e:
-        raise ClusterError(f"TF_CONFIG is not a cluster description ({type(e).__name__}: {e}).") from None
-    return (workers[0] if workers else None), len(workers), index
+    except ValueError as e:
+        raise ClusterError(f"TF_CONFIG is not a cluster description (not JSON: {e}).") from None
+    cluster, task = (config.get(key) if isinstance(config, dict) else None for key in ("cluster", "task"))
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise ClusterError("TF_CONFIG is not a cluster description: it needs a \"cluster\" and a \"task\" object, "
+                           'as in {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.')
+    if set(cluster) != {"worker"}:
+        others = sorted(set(cluster) - {"worker"})
+        raise ClusterError(f"TF_CONFIG's cluster must list its processes under \"worker\" only (worker 0 is the "
+                           f"chief); got {others or 'no workers'}.")
+    workers = cluster["worker"]
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        raise ClusterError(f"TF_CONFIG's cluster.worker must be a list of \"host:port\" strings; got {workers!r}.")
+    repeated = sorted({w for w in workers if workers.count(w) > 1})
+    if repeated:
+        raise ClusterError(f"TF_CONFIG's cluster.worker lists {repeated[0]} more than once: each worker listens "
+                           "on its own host:port.")
+    if task.get("type", "worker") != "worker":
+        raise ClusterError(f"TF_CONFIG's task.type must be 'worker'; got {task['type']!r}.")
+    return (workers[0] if workers else None), len(workers), task.get("index")
 
 
 def _check_address(address: str | None, name: str, listen: bool) -> None:
     """`host:port` that resolves; on the process that will listen on it, a free port."""
     host, _, port = (address or "").rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ClusterError(f"{name} must be the coordinator's host:port; got {address!r}.")
     try:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
