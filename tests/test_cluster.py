@@ -380,3 +380,21 @@ def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     assert _errors(result.stderr) == ["keras-transformer launch: error: launch runs `train` in several processes: "
                                       "give `-- train [flags]`; got 'evaluate'."]
     assert result.stdout.strip() == "[]"
+    # train's own mistakes too: one line from launch, not one from each process it would start.
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, "launch", "--processes", "2", "--", "train",
+                             "--output-dir", str(tmp_path / "run"), "--vocab-size", "3"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout.strip() == "[]", result.stderr[-2000:]
+    errors = _errors(result.stderr)
+    assert len(errors) == 1 and errors[0].startswith("keras-transformer launch: error: --vocab-size must be"), errors
+    assert not (tmp_path / "run").exists()
+
+
+def test_launch_checks_trains_flags_once_before_starting_a_process(monkeypatch, capsys):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
+    assert cli.main(["launch", "--processes", "2", "--", "train", "--steps", "0"]) == 2
+    assert capsys.readouterr().err == "keras-transformer launch: error: --steps must be >= 1; got 0.\n"
+    with pytest.raises(SystemExit) as exit_:  # argparse's own message for a flag train lacks
+        cli.main(["launch", "--processes", "2", "--", "train", "--processes", "2"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.count("unrecognized arguments: --processes 2") == 1

@@ -55,7 +55,20 @@ def check(args) -> dict:
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     if args.port is not None:
         check_launch_port(backend, args.processes, args.port)
+    _check_train(command)
     return {"child_argv": command, "backend": backend}
+
+
+def _check_train(command) -> None:
+    """`train`'s flags, checked once here as each process will check them, so that a
+    mistake is one line before any process starts, not one line per process. (A wrong
+    flag is argparse's message and status 2; `--help` prints train's help.)"""
+    from keras_transformer.tools import cli
+    from keras_transformer.tools.commands import train
+
+    child = cli.parse(command)
+    train.settings(child)
+    train.check_not_busy(child.output_dir)
 
 
 def run(args) -> int:

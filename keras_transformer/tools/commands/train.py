@@ -64,6 +64,18 @@ def _add_setting_flag(group, field) -> None:
 def check(args) -> dict:
     """The run's settings, checked (`RunError` names each wrong flag): its `TrainConfig`
     (`config`) and this process's place among the run's processes (`cluster`)."""
+    config = settings(args)
+    # A process of a multi-process run: its settings, from its launcher's variables.
+    cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
+    if cluster.chief:
+        check_not_busy(args.output_dir)
+    return {"config": config, "cluster": cluster}
+
+
+def settings(args) -> TrainConfig:
+    """The flags as a checked `TrainConfig`, and an `--output-dir` that can be written:
+    what every process of a run checks alike (`launch` checks it once, before it starts
+    them)."""
     corpus = args.corpus or implied_corpus(vars(args))
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -72,11 +84,13 @@ def check(args) -> dict:
     config = TrainConfig(**values)
     config.validate()
     check_writable("--output-dir", args.output_dir)
-    # A process of a multi-process run: its settings, from its launcher's variables.
-    cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
-    if cluster.chief and lock_held(pathlib.Path(args.output_dir) / "train.lock"):
-        raise busy_error(args.output_dir)
-    return {"config": config, "cluster": cluster}
+    return config
+
+
+def check_not_busy(output_dir) -> None:
+    """Refuse an `--output-dir` another `train` holds (its `train.lock`)."""
+    if lock_held(pathlib.Path(output_dir) / "train.lock"):
+        raise busy_error(output_dir)
 
 
 def run(args) -> int:
