@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_transformer import _checks
 from keras_transformer.defaults import PAD_ID
 
 
@@ -13,6 +14,7 @@ class _MaskedMean(keras.metrics.Metric):
 
     def __init__(self, pad_id: int = PAD_ID, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
+        _checks.counts(f"Metric '{self.name}': ", pad_id=pad_id)
         self.pad_id = pad_id
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")

@@ -32,6 +32,18 @@ def test_loss_equals_keras_smoothed_crossentropy_on_real_tokens(epsilon):
     assert float(to_numpy(kt.losses.LabelSmoothedCrossEntropy(epsilon=epsilon)(labels, changed))) == pytest.approx(ours, rel=1e-6)
 
 
+def test_the_loss_and_the_metrics_refuse_a_pad_id_that_is_not_an_id():
+    for bad in (True, 1.5, -1):
+        with pytest.raises(ValueError, match=f"Loss 'label_smoothed_cross_entropy': `pad_id` must be an integer >= 0. "
+                                             f"Received: pad_id={bad}"):
+            kt.losses.LabelSmoothedCrossEntropy(pad_id=bad)
+        for metric in (kt.metrics.MaskedAccuracy, kt.metrics.Perplexity):
+            with pytest.raises(ValueError, match=f"Metric '.*': `pad_id` must be an integer >= 0"):
+                metric(pad_id=bad)
+    with pytest.raises(ValueError, match=r"Loss 'label_smoothed_cross_entropy': `epsilon` must be in \[0, 1\)"):
+        kt.losses.LabelSmoothedCrossEntropy(epsilon=1.0)
+
+
 def test_masked_accuracy_and_perplexity():
     logits, labels = _logits_and_labels(1)
     real = labels != 0

@@ -146,6 +146,8 @@ def test_ids_of_the_wrong_rank_are_refused():
 def test_special_ids_are_checked():
     with pytest.raises(ValueError, match=r"`pad_id` must be a token id in \[0, vocab_size=23\)"):
         _small(pad_id=23)
+    with pytest.raises(ValueError, match=r"`start_id` must be a token id .* Received: start_id=True"):
+        _small(start_id=True)  # a bool is not an id (True would be id 1)
     with pytest.raises(ValueError, match="must differ"):
         _small(start_id=3, end_id=3)
 

@@ -111,7 +111,7 @@ class Transformer(Translating, keras.Model):
         self.max_wavelength = max_wavelength
         special = {"pad_id": pad_id, "start_id": start_id, "end_id": end_id}
         for arg, value in special.items():
-            if not isinstance(value, int) or not 0 <= value < vocab_size:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
                 raise ValueError(
                     f"Model '{self.name}': `{arg}` must be a token id in [0, vocab_size={vocab_size}). "
                     f"Received: {arg}={value!r}"
