@@ -40,6 +40,10 @@ def _bad_input_cases(tmp_path):
         path.write_bytes(data if isinstance(data, bytes) else data.encode())
         return str(path)
 
+    def fifo(path):
+        os.mkfifo(path)
+        return str(path)
+
     src, tgt = write("a.txt", "one\ntwo\nthree\n"), write("b.txt", "eins\nzwei\n")
     full = gzip.compress("\n".join(f"w{i}" for i in range(300)).encode())
     four_hundred = write("pairs.tsv", "".join(f"sentence {i} here\tsatz {i} hier\n" for i in range(400)))
@@ -51,7 +55,9 @@ def _bad_input_cases(tmp_path):
         (["--tsv", write("bad.tsv", "a\tb\nno tab\n")], r"bad.tsv, line 2: expected 'source<TAB>target'"),
         (["--tsv", write("bytes.tsv", b"a\tb\n\xc3\x28\tx\n")], r"bytes.tsv, line 2: not valid UTF-8"),
         (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 empty lines skipped"),
-        (["--tsv", str(tmp_path)], r"Not a file"),
+        (["--tsv", str(tmp_path)], r"is a directory, not a file"),
+        # Every process reads the corpus, and a resumed run reads it again: a pipe cannot give it twice.
+        (["--tsv", fifo(tmp_path / "pipe.tsv")], r"Not a regular file: .*pipe.tsv"),
         (["--source-file", write("cut.gz", full[: len(full) // 2]), "--target-file", src], r"cut.gz is not a complete gzip file"),
         (["--source-file", write("plain.gz", "not gzip\n"), "--target-file", src], r"plain.gz is not a complete gzip file"),
         (["--train-size", "50"], r"--train-size must be in \[100, 998000\].*got 50"),

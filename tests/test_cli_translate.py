@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -80,9 +81,19 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
                      "seven"]) == 0
     assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "target.txt").read_text("utf-8") == lines[0] + "\n"
     os.mkfifo(tmp_path / "pipe")  # a write renamed into place would replace the pipe, not write to it
+    # A pipe as --input (a shell's `<(command)`) is read once to its end; /dev/null is no lines.
+    writer = threading.Thread(target=lambda: (tmp_path / "pipe").write_bytes(b"seven\nforty-two\n"))
+    writer.start()
+    capsys.readouterr()
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", str(tmp_path / "pipe")]) == 0
+    writer.join()
+    assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+    assert cli.main(["translate", "--run-dir", run, "--input", os.devnull]) == 0
+    assert capsys.readouterr().out == ""
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),
+        (["--input", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file (a device, a pipe"),
     ):

@@ -59,7 +59,7 @@ def run(args) -> int:
     out = args.hypotheses
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     if args.source_file:
-        pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
+        pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file, streams=True)
         name = "files"
     else:
         config_file = pathlib.Path(args.run_dir) / "config.json"

@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
     p.add_argument("--input", metavar="FILE",
-                   help="Translate the lines of this file (plain or .gz; '-': standard input).")
+                   help="Translate the lines of this file (plain or .gz, or a pipe such as <(command); "
+                        "'-': standard input).")
     p.add_argument("--output", metavar="FILE",
                    help="Write the translations to this file (in place once all are done) and show progress "
                         "('-': standard output, as without --output).")
@@ -59,7 +60,7 @@ def run(args) -> int:
 
     output = args.output
     if args.input:
-        texts = corpora.read_lines(args.input)
+        texts = corpora.read_lines(args.input, streams=True)
     else:
         texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)

@@ -178,12 +178,19 @@ class _NumberWords:
         return self._compose(n)
 
 
-def _read_bytes(path: pathlib.Path) -> bytes:
-    """The file's bytes, gunzipped for `.gz`; every read problem as a `CorpusError`."""
+def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
+    """The file's bytes, gunzipped for `.gz`; every read problem as a `CorpusError`.
+
+    With `streams`, also a pipe or a device read once to its end (`/dev/null`, a shell's
+    `<(command)`); without, a regular file only: a training corpus is read by every
+    process of a run and again when a run resumes, which a pipe cannot give twice."""
     if not path.exists():
         raise CorpusError(f"File not found: {path}")
-    if not path.is_file():
-        raise CorpusError(f"Not a file: {path}")
+    if path.is_dir():
+        raise CorpusError(f"{path} is a directory, not a file")
+    if not streams and not path.is_file():
+        raise CorpusError(f"Not a regular file: {path} (a corpus is read again by every process of a run and "
+                          "when a run resumes; write it to a file)")
     try:
         data = path.read_bytes()
         if path.suffix == ".gz":
@@ -213,19 +220,21 @@ def decode_lines(data: bytes, name) -> list[str]:
     return lines
 
 
-def read_lines(path) -> list[str]:
-    """A text file's lines (plain or `.gz`, any line ending); problems as `CorpusError`."""
+def read_lines(path, streams: bool = False) -> list[str]:
+    """A text file's lines (plain or `.gz`, any line ending); problems as `CorpusError`.
+    With `streams`, a pipe or a device too (read once)."""
     path = pathlib.Path(path)
-    return decode_lines(_read_bytes(path), path)
+    return decode_lines(_read_bytes(path, streams), path)
 
 
-def _lines(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+def _lines(path: pathlib.Path, streams: bool = False) -> Iterator[tuple[int, str]]:
     """(line number, text) for each line of a file (plain or `.gz`)."""
-    yield from enumerate(decode_lines(_read_bytes(path), path), start=1)
+    yield from enumerate(decode_lines(_read_bytes(path, streams), path), start=1)
 
 
-def read_parallel_files(source_file, target_file) -> tuple[list[Pair], int]:
-    """Read two aligned files (line i of one translates line i of the other).
+def read_parallel_files(source_file, target_file, streams: bool = False) -> tuple[list[Pair], int]:
+    """Read two aligned files (line i of one translates line i of the other); with
+    `streams`, pipes or devices too (read once: `evaluate`'s `<(command)`).
 
     Returns:
         The pairs and the number of pairs skipped because either side was empty.
@@ -235,8 +244,8 @@ def read_parallel_files(source_file, target_file) -> tuple[list[Pair], int]:
             named), or undecodable bytes (file and line named).
     """
     source_file, target_file = pathlib.Path(source_file), pathlib.Path(target_file)
-    sources = [t for _, t in _lines(source_file)]
-    targets = [t for _, t in _lines(target_file)]
+    sources = [t for _, t in _lines(source_file, streams)]
+    targets = [t for _, t in _lines(target_file, streams)]
     if len(sources) != len(targets):
         raise CorpusError(
             f"The aligned files have different line counts: {source_file} has {_count(len(sources), 'line')}, "
