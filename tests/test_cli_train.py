@@ -117,7 +117,16 @@ def test_demo_checks_its_training_settings_as_train_does(tmp_path, capsys):
         assert cli.main(["demo", "--output-dir", str(tmp_path / "demo"), "--train-size", size]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error: --train-size must be in [100, 998000]" in err and size in err, err
-    assert not (tmp_path / "demo").exists()
+    # More held-out numbers than the corpus has were taken as its 1,000; a file as the
+    # output directory was found by train, after the demo's first banner.
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for argv, message in ((["--eval-size", "1001"], "--eval-size 1001 is more than the numbers corpus's 1,000"),
+                          (["--output-dir", str(a_file)], f"{a_file}/run: {a_file} is a file, not a directory")):
+        assert cli.main(["demo", "--output-dir", str(tmp_path / "demo"), *argv]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err, captured
+    assert not (tmp_path / "demo").exists() and a_file.read_text() == "mine"
 
 
 def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):

@@ -30,8 +30,17 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run, check=check)
 
 
+# The numbers corpus's validation and test pairs (`corpora.numbers_corpus`'s sizes, which
+# the demo does not change); `--eval-size` takes at most this many of each.
+HELD_OUT = 1_000
+
+
 def check(args) -> dict:
+    if args.eval_size > HELD_OUT:
+        raise RunError(f"--eval-size {args.eval_size} is more than the numbers corpus's {HELD_OUT:,} held-out pairs; "
+                       f"give at most {HELD_OUT}")
     check_writable("--output-dir", args.output_dir)
+    check_writable("--output-dir", os.path.join(args.output_dir, "run"))  # train's run directory goes in it
     translator = os.path.join(args.output_dir, "translator")
     problem = replacement_problem(translator, "savedmodel")  # the export replaces it as a whole
     if problem:
@@ -101,7 +110,7 @@ def _config(args) -> TrainConfig:
     numbers leaves nothing to regularize) and a quarter of the paper's learning rate,
     peaking at step 100: the settings that reached the target soonest and most steadily
     in the measured runs (the commit messages of this module report them)."""
-    config = TrainConfig(steps_per_epoch=50, validate_translations=min(1000, args.eval_size),
+    config = TrainConfig(steps_per_epoch=50, validate_translations=args.eval_size,
                          stop_at_exact_match=DEMO_TARGET, stop_checks=DEMO_CHECKS, average_checkpoints=1,
                          tokenizer="wordpiece", learning_rate_scale=0.25, warmup_steps=100, dropout=0.0)
     if args.steps:
