@@ -109,6 +109,11 @@ def test_bad_export_requests_are_one_line_and_write_nothing(run, tmp_path, capsy
          f"--output {full} holds files that are not a ctranslate2 export (mine.txt)"),
         (["--run-dir", str(wordpiece), "--format", "ctranslate2", "--output", str(new)],
          "the run's tokenizer is wordpiece"),
+        # The SavedModel's search settings were ignored by a CTranslate2 export without a word.
+        (["--run-dir", str(run), "--format", "ctranslate2", "--beam-size", "1", "--output", str(new)],
+         "--beam-size and --length-penalty are the SavedModel's search settings"),
+        (["--run-dir", str(run), "--format", "ctranslate2", "--length-penalty", "1.0", "--output", str(new)],
+         "a CTranslate2 model takes beam_size and length_penalty each time it translates"),
     ]
     for argv, message in cases:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
 from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
                                                       run_dir_flag)
 from keras_transformer.tools.config import RunError
@@ -45,6 +46,10 @@ def check(args) -> None:
     elif args.quantize is not None:
         raise RunError("--quantize is Keras' quantization of the SavedModel; for CTranslate2 give its weight type "
                        "with --quantization, e.g. --quantization int8")
+    elif (args.beam_size, args.length_penalty) != (BEAM_SIZE, LENGTH_PENALTY):
+        raise RunError("--beam-size and --length-penalty are the SavedModel's search settings; a CTranslate2 model "
+                       "takes beam_size and length_penalty each time it translates (translate_batch; the README "
+                       "the export writes shows them)")
     else:
         from keras_transformer.tools.ctranslate2_export import CTranslate2Error, check_tokenizer_kind, quantizations
 
