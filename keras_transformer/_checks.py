@@ -28,6 +28,17 @@ def counts(where: str = "", **values) -> None:
     _integers(where, 0, "an integer >= 0", False, values)
 
 
+def special_ids(where: str, vocab_size: int, **ids) -> None:
+    """Refuse a special token id that is not an integer in `[0, vocab_size)`, or two
+    special ids that are the same (the model's and the tokenizer's reserved ids)."""
+    for name, value in ids.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise ValueError(f"{where}`{name}` must be a token id in [0, vocab_size={vocab_size}). "
+                             f"Received: {name}={value!r}")
+    if len(set(ids.values())) != len(ids):
+        raise ValueError(f"{where}the special ids must differ. Received: {ids}")
+
+
 def rates(where: str = "", **values) -> None:
     """Refuse any value outside [0, 1) (dropout rates, label smoothing)."""
     for name, value in values.items():

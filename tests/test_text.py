@@ -190,14 +190,15 @@ def test_tokenizer_bad_input():
     with pytest.raises(ValueError, match=r"'\[END\]': 2"):
         WordPieceTokenizer(["[PAD]", "[UNK]", "[START]", "[END]", "[END]"])
     for kind in ("sentencepiece", "wordpiece"):
-        with pytest.raises(ValueError, match="distinct"):
+        with pytest.raises(ValueError, match="the special ids must differ"):
             Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=1, kind=kind)
     # A reserved id the vocabulary has no room for failed inside SentencePiece's trainer;
     # 1.5 was taken as id 1 and True as id 1.
-    with pytest.raises(ValueError, match="`pad_id` must be an id below vocab_size=50. Received: pad_id=500"):
+    with pytest.raises(ValueError, match=r"`pad_id` must be a token id in \[0, vocab_size=50\). Received: pad_id=500"):
         Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=500)
     for bad in (1.5, True, -1):
-        with pytest.raises(ValueError, match=f"`pad_id` must be an integer >= 0. Received: pad_id={bad}"):
+        with pytest.raises(ValueError,
+                           match=rf"`pad_id` must be a token id in \[0, vocab_size=50\). Received: pad_id={bad}"):
             Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=bad)
     # More distinct characters than the vocabulary can hold.
     with pytest.raises(ValueError, match="raise the vocabulary size"):

@@ -109,15 +109,7 @@ class Transformer(Translating, keras.Model):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_wavelength = max_wavelength
-        special = {"pad_id": pad_id, "start_id": start_id, "end_id": end_id}
-        for arg, value in special.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-                raise ValueError(
-                    f"Model '{self.name}': `{arg}` must be a token id in [0, vocab_size={vocab_size}). "
-                    f"Received: {arg}={value!r}"
-                )
-        if len(set(special.values())) != 3:
-            raise ValueError(f"Model '{self.name}': the special ids must differ. Received: {special}")
+        _checks.special_ids(f"Model '{self.name}': ", vocab_size, pad_id=pad_id, start_id=start_id, end_id=end_id)
         self.pad_id = pad_id
         self.start_id = start_id
         self.end_id = end_id

@@ -127,7 +127,8 @@ class Tokenizer(tf.Module):
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
         texts = vocabulary.check_inputs(texts, vocab_size, min_frequency)
-        ids = _check_reserved_ids(vocab_size, pad_id=pad_id, unk_id=unk_id, start_id=start_id, end_id=end_id)
+        _checks.special_ids("", vocab_size, pad_id=pad_id, unk_id=unk_id, start_id=start_id, end_id=end_id)
+        ids = [pad_id, unk_id, start_id, end_id]
         if lower_case:
             texts = [t.lower() for t in texts]
         if kind == "sentencepiece":
@@ -366,18 +367,6 @@ def _learn_wordpiece(texts: list[str], vocab_size: int, min_frequency: int, lear
     if learner == "tensorflow-text":
         return vocabulary.learn_with_tensorflow_text(texts, vocab_size)
     raise ValueError(f"`learner` must be 'tokenizers' or 'tensorflow-text'. Received: learner={learner!r}")
-
-
-def _check_reserved_ids(vocab_size: int, **ids) -> list[int]:
-    """The reserved ids in order, after refusing any that is not an integer id below
-    `vocab_size`, or two that are the same."""
-    _checks.counts(**ids)
-    for name, value in ids.items():
-        if value >= vocab_size:
-            raise ValueError(f"`{name}` must be an id below vocab_size={vocab_size}. Received: {name}={value}")
-    if len(set(ids.values())) != len(ids):
-        raise ValueError(f"The reserved ids must be distinct. Received: {ids}")
-    return list(ids.values())
 
 
 def _place_reserved(vocab: list[str], vocab_size: int, ids) -> list[str]:
