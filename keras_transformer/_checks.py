@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 
+_LOG_FLOAT32_MAX = math.log(3.4028234663852886e38)  # the largest float32
+
 
 def _integers(where: str, minimum: int, kind: str, optional: bool, values: dict) -> None:
     """Refuse any value that is not a Python integer >= `minimum` (`None` passes when
@@ -46,14 +48,21 @@ def rates(where: str = "", **values) -> None:
             raise ValueError(f"{where}`{name}` must be in [0, 1). Received: {name}={value!r}")
 
 
-def length_penalties(where: str = "", **values) -> None:
+def length_penalties(where: str = "", *, max_length=None, **values) -> None:
     """Refuse any value that is not a finite real number >= 0 (a NaN or infinite length
     penalty would score every hypothesis NaN, and the search would return any of them; a
     negative one turns the normalisation around and favours the shortest hypotheses; the
-    command line refuses it too)."""
+    command line refuses it too). With `max_length` (a Python int), also a value whose
+    penalty `((5 + n) / 6)^alpha` overflows float32 for an output that long: every such
+    hypothesis would score 0."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{where}`{name}` must be a finite number >= 0. Received: {name}={value!r}")
+        if isinstance(max_length, int) and value * math.log((5 + max_length) / 6) >= _LOG_FLOAT32_MAX:
+            largest = math.floor(10 * _LOG_FLOAT32_MAX / math.log((5 + max_length) / 6)) / 10
+            raise ValueError(f"{where}`{name}` makes the length penalty ((5 + n) / 6)^{name} overflow float32 for "
+                             f"outputs of up to {max_length} tokens, and every such hypothesis would score 0: use at "
+                             f"most {largest}. Received: {name}={value!r}")
 
 
 def numbers_above(where: str, bound: float, **values) -> None:

@@ -172,7 +172,9 @@ def beam_search(
         With `return_complete=True`, `(tokens, scores, complete)`.
     """
     _checks.beam(beam_size, num_hypotheses)
-    _checks.length_penalties(length_penalty_alpha=length_penalty_alpha)
+    lengths = [max_length] + ([] if bound_length is None else [bound_length])  # the longest the penalty sees
+    _checks.length_penalties(length_penalty_alpha=length_penalty_alpha,
+                             max_length=max(lengths) if all(isinstance(n, int) for n in lengths) else None)
     k = beam_size
     alpha = float(length_penalty_alpha)
     banned = _Banned(start_id, end_id, pad_id, min_length)

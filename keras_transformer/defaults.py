@@ -14,6 +14,12 @@ PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
 BEAM_SIZE = 4
 LENGTH_PENALTY = 0.6
 MAX_EXTRA_LENGTH = 50
+# The largest length penalty alpha where the longest output is not known in advance (the
+# command line, an exported SavedModel): ((5 + n) / 6)^alpha stays finite in float32 for
+# outputs of up to 42,000 tokens. Past float32, every long hypothesis would score 0 and
+# the search would choose among them at random. `Transformer.translate` and
+# `decoding.beam_search` check alpha against their own longest output instead.
+MAX_LENGTH_PENALTY = 10.0
 # Translations checked during training (not in the paper): greedy, for speed.
 VALIDATION_BEAM_SIZE = 1
 # Sentences decoded together, by default (not in the paper): as many as keep

@@ -3,6 +3,7 @@ tiny model, the KV cache changes nothing but speed, and the searches work for an
 that offers a step function (a decoder-only language model here)."""
 
 import itertools
+import re
 
 import keras
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import _compat, decoding
+from keras_transformer.defaults import MAX_LENGTH_PENALTY
 from tests.conftest import only_on, randomize_weights, to_numpy
 
 V = 7  # ids 0..3 reserved; the searches never emit [PAD]=0 or [START]=2
@@ -179,6 +181,23 @@ def test_bad_arguments():
             model.translate(_source(), length_penalty=alpha)
     with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):
         decoding.beam_search(lambda *a: None, {}, 1, 3, start_id=2, end_id=3, pad_id=0, length_penalty_alpha=float("nan"))
+
+
+def test_a_length_penalty_that_overflows_float32_is_refused():
+    # alpha = 60 with outputs of 70 tokens: ((5 + 70) / 6)^60 is past float32, every long
+    # hypothesis scored -0.0 and the search returned any of them. The message gives the
+    # largest alpha that fits, and the library's own penalty agrees with it.
+    model = _model()
+    message = r"overflow float32 for outputs of up to 70 tokens, and every such hypothesis would score 0: use at most "
+    with pytest.raises(ValueError, match=message) as refused:
+        model.translate(_source(), 4, length_penalty=60.0, max_length=70)
+    largest = float(re.search(r"use at most ([0-9.]+)\. Received", str(refused.value)).group(1))
+    assert np.isfinite(to_numpy(decoding.length_penalty(70, largest)))
+    assert np.isinf(to_numpy(decoding.length_penalty(70, largest + 0.1)))
+    with pytest.raises(ValueError, match=message):
+        decoding.beam_search(lambda *a: None, {}, 1, 70, start_id=2, end_id=3, pad_id=0, length_penalty_alpha=60.0)
+    # The bound where the longest output is not known (the command line, a SavedModel).
+    assert np.isfinite(to_numpy(decoding.length_penalty(42_000, MAX_LENGTH_PENALTY)))
 
 
 @only_on("jax", "the bound and the order are the model's own Python; compiling a search on each backend is "

@@ -23,7 +23,7 @@ import tempfile
 import keras
 
 from keras_transformer import _checks
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH, MAX_LENGTH_PENALTY
 from keras_transformer.tools import files
 
 
@@ -52,6 +52,9 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
     check_special_ids(model, tokenizer)  # a ValueError naming both values
     _checks.positive_ints(beam_size=beam_size)
     _checks.length_penalties(length_penalty=length_penalty)
+    if length_penalty > MAX_LENGTH_PENALTY:  # a SavedModel takes inputs of any length
+        raise ValueError(f"`length_penalty` must be at most {MAX_LENGTH_PENALTY} in a SavedModel, which translates "
+                         f"inputs of any length (defaults.MAX_LENGTH_PENALTY). Received: length_penalty={length_penalty!r}")
     _checks.counts(max_extra_length=max_extra_length)
     files.check_replacement(path, "savedmodel")
     path = pathlib.Path(path)

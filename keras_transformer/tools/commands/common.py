@@ -8,7 +8,8 @@ import math
 import os
 import sys
 
-from keras_transformer.defaults import BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY, QUANTIZE_MODES
+from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
+                                        MAX_LENGTH_PENALTY, QUANTIZE_MODES)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -71,15 +72,18 @@ def quantize_flag(p, what: str) -> None:
                         "in BLEU and gains in size and speed on each backend.")
 
 
-def at_least(minimum, kind=int):
+def at_least(minimum, kind=int, maximum=None):
+    """An argparse type: a `kind` number >= `minimum` (and <= `maximum`, if given)."""
     def convert(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
+        finite = "a finite number " if kind is float else ""
         if not math.isfinite(value) or value < minimum:  # "nan" and "inf" parse as floats
-            finite = "a finite number " if kind is float else ""
             raise argparse.ArgumentTypeError(f"must be {finite}>= {minimum}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be {finite}in [{minimum}, {maximum}], got {text}")
         return value
 
     return convert
@@ -87,8 +91,9 @@ def at_least(minimum, kind=int):
 
 def decoding_flags(p, batch=True) -> None:
     p.add_argument("--beam-size", type=at_least(1), default=BEAM_SIZE, help="Beam size (1: greedy).")
-    p.add_argument("--length-penalty", type=at_least(0.0, float), default=LENGTH_PENALTY,
-                   help="alpha of ((5 + |Y|) / 6)^alpha.")
+    p.add_argument("--length-penalty", type=at_least(0.0, float, MAX_LENGTH_PENALTY), default=LENGTH_PENALTY,
+                   help=f"alpha of ((5 + |Y|) / 6)^alpha, at most {MAX_LENGTH_PENALTY:g} (beyond, the penalty of a "
+                        "long output overflows float32).")
     if batch:
         p.add_argument("--batch-size", type=at_least(1), default=None,
                        help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
