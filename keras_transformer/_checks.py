@@ -88,8 +88,16 @@ def beam(beam_size, num_hypotheses) -> None:
 
 
 def texts(value, name: str = "texts") -> list:
-    """`value` as a list of texts; a bare string is refused, since as a sequence it would be
-    taken for one text per character."""
+    """`value` as a list of texts (`str` or `bytes`). A bare string is refused, since as a
+    sequence it would be taken for one text per character, and so is anything else that
+    is not a sequence of texts (`None`, a number, a list holding one)."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"`{name}` must be a list of strings; for one text, pass [text]. Received: {value!r:.60}")
-    return list(value)
+    try:
+        value = list(value)
+    except TypeError:
+        raise TypeError(f"`{name}` must be a list of strings. Received: {value!r:.60}") from None
+    wrong = next(((i, t) for i, t in enumerate(value) if not isinstance(t, (str, bytes))), None)
+    if wrong is not None:
+        raise TypeError(f"`{name}` must be strings. Received: {name}[{wrong[0]}]={wrong[1]!r:.60}")
+    return value

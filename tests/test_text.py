@@ -205,7 +205,7 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=10)
 
 
-def test_dense_conveniences_refuse_a_bare_string_and_ids_past_the_vocabulary(tokenizer):
+def test_dense_conveniences_refuse_what_is_not_texts_or_token_ids(tokenizer):
     import tensorflow as tf
 
     # A string is a sequence of its characters: as `texts` it would give one row per character.
@@ -215,6 +215,15 @@ def test_dense_conveniences_refuse_a_bare_string_and_ids_past_the_vocabulary(tok
     for ids in ([[5, size]], np.array([[-1, 5]]), tf.ragged.constant([[5], [5, size + 7]], dtype=tf.int64)):
         with pytest.raises(ValueError, match=rf"`ids` must be in \[0, {size}\)"):
             tokenizer.detokenize_dense(ids)
+    # Anything but a list of texts: TensorFlow's conversion errors, in our words.
+    for texts, received in ((None, "None"), (5, "5"), (["a", 3], r"texts\[1\]=3")):
+        with pytest.raises(TypeError, match=f"`texts` must be .*Received: {received}"):
+            tokenizer.tokenize_dense(texts)
+    # A float id was truncated to another token; one row of ids was a RaggedTensor error.
+    with pytest.raises(ValueError, match="`ids` must be integer token ids. Received: dtype=float32"):
+        tokenizer.detokenize_dense(np.array([[5.5, 6.0]], "float32"))
+    with pytest.raises(ValueError, match=r"`ids` must be \(batch, length\). Received: shape=\(2,\)"):
+        tokenizer.detokenize_dense([5, 6])
     # No rows, and rows of no ids.
     assert tokenizer.detokenize_dense([]) == [] and tokenizer.detokenize_dense(np.zeros((2, 0), "int32")) == ["", ""]
     assert tokenizer.tokenize_dense([]).shape == (0, 0)

@@ -29,9 +29,6 @@ def check_inputs(texts, vocab_size: int, min_frequency: int) -> list[str]:
     if vocab_size < minimum:
         raise ValueError(f"`vocab_size` must be at least {minimum} (the reserved tokens {list(RESERVED_TOKENS)} "
                          f"and one more). Received: vocab_size={vocab_size}")
-    wrong = next(((i, t) for i, t in enumerate(texts) if not isinstance(t, (str, bytes))), None)
-    if wrong is not None:
-        raise TypeError(f"`texts` must be strings. Received: texts[{wrong[0]}]={wrong[1]!r:.60}")
     if not any(t.strip() for t in texts):
         raise ValueError(f"Cannot build a vocabulary from an empty corpus. Received: {len(texts)} texts, "
                          "none with a character other than white space")
