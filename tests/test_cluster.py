@@ -8,6 +8,7 @@ The processes run on this machine, as on a cluster: JAX through `keras.distribut
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 from keras_transformer.tools import cli, cluster
 from keras_transformer.tools.cluster import Cluster, ClusterError
+from keras_transformer.tools.config import TrainConfig
 from tests.conftest import only_on
 
 BACKEND = keras.backend.backend()
@@ -388,6 +390,15 @@ def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     errors = _errors(result.stderr)
     assert len(errors) == 1 and errors[0].startswith("keras-transformer launch: error: --vocab-size must be"), errors
     assert not (tmp_path / "run").exists()
+    # A run of other settings in --output-dir: found before any process starts (the chief
+    # and each worker said so after joining, one line each).
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(dataclasses.asdict(TrainConfig(steps=40))))
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, "launch", "--processes", "2", "--", "train",
+                             "--output-dir", str(tmp_path / "other")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout.strip() == "[]", result.stderr[-2000:]
+    errors = _errors(result.stderr)
+    assert len(errors) == 1 and "other holds a run with a different config (steps: saved 40, now" in errors[0], errors
 
 
 def test_launch_checks_trains_flags_once_before_starting_a_process(monkeypatch, capsys):

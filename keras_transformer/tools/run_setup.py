@@ -1,7 +1,8 @@
 """What a run needs before it trains: its corpus, the checks of its output directory,
 its vocabulary (learned or read back) and what the input pipeline keeps of the text.
 
-`train` calls these on the chief, before it trains.
+`train` calls these on the chief, before it trains; `launch` calls `check_output_dir`
+before it starts the processes. Imports no backend: Keras is imported where it is used.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import json
 import os
 import pathlib
 
-import keras
-
-from keras_transformer.tools import checkpoints, files
+from keras_transformer.tools import files
 from keras_transformer.tools.config import RunError, TrainConfig
 
 __all__ = ["check_mixed_precision", "check_output_dir", "check_saved_progress", "data_statistics", "load_corpus",
@@ -90,7 +89,7 @@ def check_saved_progress(directory: pathlib.Path) -> None:
     the epoch checkpoints, the best epochs' checkpoints and scores, and the log. Checked
     before training, so that a damaged file is one line naming it and what to do, not an
     error after the epochs that are left."""
-    from keras_transformer.tools import callbacks
+    from keras_transformer.tools import callbacks, checkpoints
 
     try:
         checkpoints.TrainingState.progress(directory / "state")
@@ -112,6 +111,8 @@ def state_error(error: ValueError, directory: pathlib.Path) -> RunError:
 
 def check_mixed_precision(precision: str | None) -> None:
     """Refuse a mixed precision the running backend cannot compute, naming the reason."""
+    import keras
+
     if precision == "float16" and keras.backend.backend() == "jax":
         import jax
 
@@ -155,6 +156,8 @@ def finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     callback) and `metrics.json` is there: it is written last, after `model.keras`, so a
     run killed while finishing is not finished and resumes to write the rest.
     """
+    from keras_transformer.tools import checkpoints
+
     output_dir = pathlib.Path(output_dir)
     epochs = config.epochs()
     try:
