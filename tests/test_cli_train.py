@@ -127,6 +127,14 @@ def test_demo_checks_its_training_settings_as_train_does(tmp_path, capsys):
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err, captured
     assert not (tmp_path / "demo").exists() and a_file.read_text() == "mine"
+    # A run of other settings in OUTPUT_DIR/run (an earlier `demo --steps 40`): said after
+    # the first banner, once the backend had loaded.
+    (tmp_path / "demo" / "run").mkdir(parents=True)
+    (tmp_path / "demo" / "run" / "config.json").write_text(json.dumps({"steps": 40}))
+    assert cli.main(["demo", "--output-dir", str(tmp_path / "demo")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert "holds a run with a different config (" in captured.err and "steps: saved 40, now" in captured.err, captured
 
 
 def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import sys
 
+from keras_transformer.tools import run_setup
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
 from keras_transformer.tools.commands.export import serving_instructions
+from keras_transformer.tools.commands.train import check_not_busy
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import replacement_problem
 
@@ -47,6 +50,9 @@ def check(args) -> dict:
         raise RunError(f"--output-dir {args.output_dir}: its {translator} {problem}")
     config = _config(args)
     config.validate()  # --train-size and --steps as train checks them
+    run_dir = pathlib.Path(args.output_dir) / "run"
+    check_not_busy(run_dir)
+    run_setup.check_output_dir(run_dir, config)  # a run of other settings there (an earlier --steps)
     return {"config": config}
 
 
@@ -55,7 +61,6 @@ DEMO_CHECKS = 2  # ... when reached on this many checks in a row
 
 
 def run(args) -> int:
-    import pathlib
     import time
 
     import keras
