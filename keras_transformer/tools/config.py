@@ -303,6 +303,11 @@ class TrainConfig:
         short when they do not divide (`checkpoints.StepBudget`)."""
         return math.ceil(self.steps / self.steps_per_epoch)
 
+    def steps_after(self, epochs: int) -> int:
+        """The updates done once `epochs` epochs have ended: a run shorter than an epoch,
+        and a last epoch cut short, count their own steps."""
+        return min(epochs * min(self.steps_per_epoch, self.steps), self.steps)
+
     def batches_per_epoch(self) -> int:
         """The batches `fit` reads in an epoch: each update is `--accumulate-steps` of them.
         A run shorter than `--steps-per-epoch` is one epoch of its steps (so that the

@@ -196,7 +196,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     batches_per_epoch = config.batches_per_epoch()
     trained_batches = initial_epoch * batches_per_epoch if epochs > initial_epoch else 0
     if initial_epoch and cluster.chief:
-        print(f"resuming {output_dir} after step {initial_epoch * config.steps_per_epoch}"
+        print(f"resuming {output_dir} after step {config.steps_after(initial_epoch)}"
               + (" (reading past the batches trained already first)" if trained_batches else ""), flush=True)
 
     train_data, validation_data = _datasets(config, corpus, tokenizer, cluster, trained_batches)
