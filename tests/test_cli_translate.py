@@ -96,6 +96,8 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
         (["--input", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file (a device, a pipe"),
+        # A device that never ends was read until memory ran out; NUL bytes are not text.
+        (["--input", "/dev/zero"], "/dev/zero, line 1: a NUL byte, which text never holds: binary data, not text"),
     ):
         assert cli.main(["translate", "--run-dir", run, *argv]) == 2
         err = capsys.readouterr().err
@@ -273,6 +275,10 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     assert cli.main(["translate", "--run-dir", run]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and err.strip().endswith("standard input, line 2: not valid UTF-8 (byte 0: b'\\xff')"), err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"one\ntwo\n\x00")))
+    assert cli.main(["translate", "--run-dir", run]) == 2
+    assert capsys.readouterr().err.strip().endswith("standard input, line 3: a NUL byte, which text never holds: "
+                                                    "binary data, not text")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(empty), "--target-file", str(empty)]) == 2

@@ -302,6 +302,17 @@ def test_parallel_files_errors_name_files_counts_and_lines(tmp_path):
         corpora.read_parallel_files(src, tgt)
 
 
+def test_a_stream_is_read_in_chunks_and_a_nul_byte_stops_it():
+    import io
+
+    # The NUL is in the third 1 MiB chunk: its line counts the lines of the chunks before it.
+    data = b"word\n" * 500_000 + b"\x00"
+    with pytest.raises(corpora.CorpusError, match=r"^pipe, line 500001: a NUL byte"):
+        corpora.read_stream(io.BytesIO(data), "pipe")
+    assert corpora.read_stream(io.BytesIO(data), "pipe", text=False) == data  # gzip data holds NUL bytes
+    assert corpora.read_stream(io.BytesIO(b"a\nb\n"), "pipe") == b"a\nb\n"
+
+
 def test_tsv_reader(tmp_path):
     path = tmp_path / "deu.tsv"
     path.write_text("Hi.\tHallo!\tCC-BY 2.0 (France) Attribution\n\nRun!\tLauf!\n", encoding="utf-8")

@@ -62,7 +62,8 @@ def run(args) -> int:
     if args.input:
         texts = corpora.read_lines(args.input, streams=True)
     else:
-        texts = args.texts or corpora.decode_lines(sys.stdin.buffer.read(), "standard input")
+        stdin = "standard input"
+        texts = args.texts or corpora.decode_lines(corpora.read_stream(sys.stdin.buffer, stdin), stdin)
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.

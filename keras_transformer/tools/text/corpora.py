@@ -192,7 +192,11 @@ def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
         raise CorpusError(f"Not a regular file: {path} (a corpus is read again by every process of a run and "
                           "when a run resumes; write it to a file)")
     try:
-        data = path.read_bytes()
+        if path.is_file():
+            data = path.read_bytes()
+        else:  # a pipe or a device: it may never end (/dev/zero), so read it in chunks
+            with open(path, "rb") as stream:
+                data = read_stream(stream, path, text=path.suffix != ".gz")
         if path.suffix == ".gz":
             data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as e:  # unreadable, not gzip, truncated
@@ -201,9 +205,32 @@ def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
     return data
 
 
+def read_stream(stream, name, text: bool = True) -> bytes:
+    """All of a binary stream (a pipe, a device, standard input), read in chunks. For
+    `text`, a NUL byte, which no text holds, stops it with a `CorpusError` (binary data,
+    or a device such as `/dev/zero` that would be read until memory runs out)."""
+    chunks, lines = [], 0
+    while chunk := stream.read(1 << 20):
+        if text:
+            _refuse_nul(chunk, name, lines)
+        chunks.append(chunk)
+        lines += chunk.count(b"\n")
+    return b"".join(chunks)
+
+
+def _refuse_nul(data: bytes, name, lines_before: int = 0) -> None:
+    """A `CorpusError` naming the line of the first NUL byte in `data`, if it holds one."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = lines_before + data.count(b"\n", 0, nul) + 1
+        raise CorpusError(f"{name}, line {line}: a NUL byte, which text never holds: binary data, not text")
+
+
 def decode_lines(data: bytes, name) -> list[str]:
     """Split `data` into lines ending in `\\n`, `\\r\\n` or `\\r` (old Mac files) alike and
-    decode each as UTF-8; a line that is not UTF-8 is a `CorpusError` naming `name` and the line."""
+    decode each as UTF-8; a line that is not UTF-8, or one with a NUL byte, is a
+    `CorpusError` naming `name` and the line."""
+    _refuse_nul(data, name)
     rows = re.split(rb"\r\n|\r|\n", data)
     if rows and rows[-1] == b"":
         rows.pop()  # the final line break
