@@ -7,6 +7,7 @@ import errno
 import gzip
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -658,6 +659,48 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_for_every_command(tmp_p
             assert err.count("\n") == 1 and f"The tokenizer file {vocab} " in err, (damage, argv, err)
             assert "restore the file from a copy of the run directory" in err
         assert _snapshot(run) == before and not (tmp_path / "export").exists()
+
+
+@only_on("torch", "backend-independent (the corpus is read and split by the tools' own Python)")
+def test_a_corpus_changed_since_the_run_started_is_refused_on_resume_and_by_evaluate(tmp_path, small, monkeypatch,
+                                                                                      capsys):
+    # The corpus by a relative path, as a user types it, in the directory train runs in.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "copy.tsv").write_text(pathlib.Path(small[1]).read_text())
+    args = ["--tsv", "copy.tsv", *small[2:], "--steps", "4"]
+    assert _run(tmp_path / "run", args) == 0
+    assert len(json.loads((tmp_path / "run" / "data.json").read_text())["train_digest"]) == 64
+    (tmp_path / "run" / "metrics.json").unlink()  # not finished: a rerun resumes and reads the corpus
+    lines = (tmp_path / "copy.tsv").read_text().splitlines(keepends=True)
+    (tmp_path / "copy.tsv").write_text("".join(lines[:-1]))  # one pair fewer: every split shifts
+    before = _snapshot(tmp_path / "run")
+    capsys.readouterr()
+    for argv in (["train", "--output-dir", "run", *args], ["evaluate", "--run-dir", "run", "--limit", "2"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "The corpus (TSV copy.tsv (split seed 0)) is not the one the run in run " \
+                                         "started with" in err, err
+    assert _snapshot(tmp_path / "run") == before
+    # From another directory, the relative path in config.json names no file: said so.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cli.main(["evaluate", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--split test reads the run's corpus again, as" in err and "File not found: copy.tsv. Run evaluate " \
+                                                                    "where train ran" in err, err
+
+
+def test_corpus_digests_tell_the_pairs_and_their_splits():
+    from keras_transformer.tools.text.corpora import Corpus
+
+    corpus = Corpus(train=[("a", "b"), ("c", "d")], validation=[("e", "f")], test=[("g", "h")])
+    same = Corpus(train=[("a", "b"), ("c", "d")], validation=[("e", "f")], test=[("g", "h")], description="other")
+    moved = Corpus(train=[("a", "b")], validation=[("c", "d"), ("e", "f")], test=[("g", "h")])
+    assert corpus.digest() == same.digest()
+    assert len({corpus.digest(), moved.digest(), corpus.reversed().digest()}) == 3
+    assert corpus.digest(["train"]) != moved.digest(["train"])
+    shorter = Corpus(train=corpus.train, validation=[], test=[])  # held-out splits cut, as demo --eval-size does
+    assert shorter.digest(["train"]) == corpus.digest(["train"]) and shorter.digest() != corpus.digest()
 
 
 def test_training_curves_are_drawn_without_touching_matplotlibs_backend(tmp_path):

@@ -19,7 +19,6 @@ trains over the processes is in `distributed_fit`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -216,11 +215,3 @@ def launch_environment(backend: str, num_processes: int, process_id: int, port: 
     # TensorFlow's gRPC workers each listen on a port: `port` for the chief, the next for the others.
     workers = [f"localhost:{port + i}" for i in range(num_processes)]
     return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}})}
-
-
-def data_digest(pairs) -> str:
-    """A digest of sentence pairs, for `check_same`."""
-    h = hashlib.sha256()
-    for source, target in pairs:
-        h.update(source.encode("utf-8") + b"\t" + target.encode("utf-8") + b"\n")
-    return h.hexdigest()

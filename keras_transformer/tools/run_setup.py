@@ -15,8 +15,8 @@ import pathlib
 from keras_transformer.tools import files
 from keras_transformer.tools.config import RunError, TrainConfig
 
-__all__ = ["check_mixed_precision", "check_output_dir", "check_saved_progress", "data_statistics", "load_corpus",
-           "prepare", "state_error"]
+__all__ = ["check_corpus_unchanged", "check_mixed_precision", "check_output_dir", "check_saved_progress",
+           "data_statistics", "load_corpus", "prepare", "state_error"]
 
 
 def load_corpus(config: TrainConfig):
@@ -109,6 +109,24 @@ def state_error(error: ValueError, directory: pathlib.Path) -> RunError:
                     "--output-dir.")
 
 
+def check_corpus_unchanged(directory: pathlib.Path, corpus) -> None:
+    """Refuse a corpus whose training pairs differ from those the run in `directory`
+    started with (`data.json`'s `train_digest`): a corpus file edited since then splits
+    differently, so pairs held out before could be trained on, or scored as unseen. (The
+    held-out splits may be cut shorter, as `demo --eval-size` does.) A run of a version
+    that kept no digest is not checked."""
+    try:
+        saved = json.loads((directory / "data.json").read_text(encoding="utf-8")).get("train_digest")
+    except (OSError, ValueError, AttributeError):
+        return
+    if saved is not None and saved != corpus.digest(["train"]):
+        raise RunError(
+            f"The corpus ({corpus.description}) is not the one the run in {directory} started with: its training "
+            "pairs differ, so held-out pairs could be trained on or scored as unseen. Restore the corpus file, or "
+            "train a new run on it in another --output-dir."
+        )
+
+
 def check_mixed_precision(precision: str | None) -> None:
     """Refuse a mixed precision the running backend cannot compute, naming the reason."""
     import keras
@@ -130,6 +148,8 @@ def prepare(config, output_dir, corpus, resuming):
     from keras_transformer.tools.text.tokenizer import Tokenizer
 
     print(corpus.summary(), flush=True)
+    if resuming:
+        check_corpus_unchanged(output_dir, corpus)
     tokenizer_dir = output_dir / "tokenizer"
     if resuming and tokenizer_dir.is_dir():
         tokenizer = files.load_run_tokenizer(tokenizer_dir)
@@ -181,7 +201,7 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     import numpy as np
 
     counts = {"empty_skipped": corpus.skipped_empty, "duplicates_dropped": corpus.duplicates_dropped,
-              "split": corpus.description}
+              "split": corpus.description, "train_digest": corpus.digest(["train"])}
     for split in ("train", "validation", "test"):
         pairs = getattr(corpus, split)
         if not pairs:

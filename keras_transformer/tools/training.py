@@ -155,7 +155,7 @@ def _facts(config: TrainConfig, corpus) -> dict:
 
     settings = {f"--{k.replace('_', '-')}": v for k, v in dataclasses.asdict(config).items()}
     versions = {"python": sys.version.split()[0], "keras": keras.__version__, "backend": keras.backend.backend()}
-    return {**settings, "the corpus": cluster_lib.data_digest([*corpus.train, *corpus.validation, *corpus.test]),
+    return {**settings, "the corpus": corpus.digest(),
             "the backend and versions": versions}
 
 

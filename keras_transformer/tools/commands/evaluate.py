@@ -54,7 +54,7 @@ def run(args) -> int:
 
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.text import corpora
-    from keras_transformer.tools.run_setup import load_corpus
+    from keras_transformer.tools.run_setup import check_corpus_unchanged, load_corpus
 
     out = args.hypotheses
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
@@ -67,8 +67,13 @@ def run(args) -> int:
             config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError) as e:
             raise RunError(f"{config_file} is not a run config ({type(e).__name__}: {e}).") from None
-        pairs = getattr(load_corpus(config), args.split)
-        name = args.split
+        try:
+            corpus = load_corpus(config)
+        except RunError as e:  # a corpus file moved, or a relative path read from another directory
+            raise RunError(f"--split {args.split} reads the run's corpus again, as {config_file} names it: {e}. "
+                           "Run evaluate where train ran, or give --source-file and --target-file") from None
+        check_corpus_unchanged(pathlib.Path(args.run_dir), corpus)  # the same held-out pairs as in training
+        pairs, name = getattr(corpus, args.split), args.split
     pairs = pairs[: args.limit] if args.limit else pairs
     if not pairs:
         raise RunError(f"No sentence pairs to evaluate in the {name} split (empty files?).")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import os
 import pathlib
 import re
@@ -50,6 +51,17 @@ class Corpus:
             self, train=swap(self.train), validation=swap(self.validation), test=swap(self.test),
             description=f"{self.description}, reversed",
         )
+
+    def digest(self, splits=("train", "validation", "test")) -> str:
+        """A SHA-256 digest of the pairs of `splits`, split by split: the same corpus read
+        the same way gives the same digest (the processes of a run compare all of it; a run
+        keeps its training split's in data.json, to notice a corpus file that changed)."""
+        h = hashlib.sha256()
+        for split in splits:
+            for source, target in getattr(self, split):
+                h.update(source.encode("utf-8") + b"\t" + target.encode("utf-8") + b"\n")
+            h.update(b"\0")  # no text holds one: the splits' boundaries count
+        return h.hexdigest()
 
     def summary(self) -> str:
         return (
