@@ -265,6 +265,10 @@ def test_counts_and_ports_are_ascii_integers_the_engines_can_hold():
             cluster.from_environment("torch", {**good, "WORLD_SIZE": value})
     with pytest.raises(ClusterError, match="must be the coordinator's host:port"):
         cluster.from_environment("torch", {**good, "MASTER_PORT": "٢٩٥٠٠"})
+    # torchrun sets all four; by hand, a missing address said "got None".
+    for missing in ("MASTER_ADDR", "MASTER_PORT"):
+        with pytest.raises(ClusterError, match=r"^MASTER_ADDR:MASTER_PORT is not set: the processes of a run need"):
+            cluster.from_environment("torch", {k: v for k, v in good.items() if k != missing})
 
 
 def test_the_chief_refuses_a_port_in_use():

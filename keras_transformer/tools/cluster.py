@@ -155,7 +155,9 @@ def _tf_config(text: str):
 
 def _check_address(address: str | None, name: str, listen: bool) -> None:
     """`host:port` that resolves; on the process that will listen on it, a free port."""
-    host, _, port = (address or "").rpartition(":")
+    if not address:
+        raise ClusterError(f"{name} is not set: the processes of a run need the coordinator's host:port.")
+    host, _, port = address.rpartition(":")
     if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ClusterError(f"{name} must be the coordinator's host:port; got {address!r}.")
     try:
