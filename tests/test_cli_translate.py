@@ -90,6 +90,13 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
     assert cli.main(["translate", "--run-dir", run, "--input", os.devnull]) == 0
     assert capsys.readouterr().out == ""
+    # A line past --max-input-length is cut, with one warning line of the command's own.
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--max-input-length", "2",
+                     "nine hundred and one thousand"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1, captured
+    assert captured.err.startswith("keras-transformer translate: warning: 1 of the 1 texts are longer than "
+                                   "max_input_length=2 tokens") and captured.err.count("\n") == 1, captured.err
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),

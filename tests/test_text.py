@@ -388,6 +388,32 @@ def test_a_corpus_reversed_swaps_every_pair_and_keeps_the_splits():
     assert back.reversed().train == corpus.train
 
 
+def test_a_text_longer_than_max_input_length_is_cut_with_one_warning(tokenizer):
+    from keras_transformer.tools import evaluation
+
+    class Recorder:
+        """Stands in for a model: records the ids of each row and returns [END]."""
+        vocab_size, pad_id = tokenizer.vocab_size, tokenizer.pad_id
+        start_id, end_id = tokenizer.start_id, tokenizer.end_id
+        rows = []
+
+        def translate(self, source, beam_size, length_penalty, max_extra_length):
+            self.rows += [row[row != self.pad_id].tolist() for row in np.asarray(source)]
+            return np.full((len(source), 1), self.end_id, "int32")
+
+    # One line of 12,000 tokens took 9 GB to translate: self-attention is quadratic.
+    long, short = " ".join(["forty two"] * 40), "forty two"
+    ids = [row[row != tokenizer.pad_id].tolist() for row in tokenizer.tokenize_dense([long, short]).numpy()]
+    model, limit = Recorder(), len(ids[1])  # the short text just fits
+    with pytest.warns(UserWarning, match=rf"^1 of the 2 texts are longer than max_input_length={limit} tokens "
+                                         rf"\(the longest: {len(ids[0])}\) and were cut to their first {limit}"):
+        evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=limit)
+    assert sorted(model.rows) == sorted([ids[0][:limit], ids[1]])
+    model.rows = []
+    evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=None)  # no limit
+    assert sorted(model.rows, key=len) == [ids[1], ids[0]]
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_default_decode_batches_keep_the_token_budget_and_the_row_cap(tokenizer, beam_size):
     from keras_transformer.defaults import DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, MAX_EXTRA_LENGTH

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import sys
 import tempfile
+import warnings
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.tools import commands
@@ -66,6 +68,15 @@ def _print_error(args, error) -> None:
     print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
 
 
+def _show_warning(command, show, message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of keras-transformer's own as one `keras-transformer COMMAND: warning: ...`
+    line; any other library's as Python shows it."""
+    if category is UserWarning and f"{os.sep}keras_transformer{os.sep}" in filename:
+        print(f"keras-transformer {command}: warning: {message}", file=sys.stderr)
+    else:
+        show(message, category, filename, lineno, file, line)
+
+
 def check(args) -> int | None:
     """Check a parsed command's settings before any backend loads (values that depend on
     each other, output paths that are taken): `None` when they are good, else 2 after one
@@ -101,7 +112,9 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
     try:
         with quiet_backend_start(enabled=not args.verbose):
             pass  # TensorFlow (the data pipeline's) loads here, its start-up lines filtered
-        return settings.handler(settings)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_show_warning, args.command, warnings.showwarning)
+            return settings.handler(settings)
     except (RunError, RunDirError, CorpusError) as e:
         _print_error(args, e)
         return 2

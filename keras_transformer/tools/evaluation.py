@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import warnings
 
 import keras
 import numpy as np
 
 from keras_transformer import _checks
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
-                                        MAX_EXTRA_LENGTH, QUANTIZE_MODES)
+                                        MAX_EXTRA_LENGTH, MAX_INPUT_LENGTH, QUANTIZE_MODES)
 from keras_transformer.tools import files
 from keras_transformer.tools.files import RunDirError
 
@@ -103,23 +104,34 @@ def check_special_ids(model, tokenizer) -> None:
 
 
 def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                    batch_size: int | None = None, max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0):
+                    batch_size: int | None = None, max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0,
+                    max_input_length: int | None = MAX_INPUT_LENGTH):
     """Translate a list of strings, batched by length; returns strings in input order.
 
     `batch_size` sentences are decoded together; by default (`None`) as many as keep
     `batch_size x beam_size x (longest source + max_extra_length)` within
     `DECODE_BATCH_TOKENS`, at most `DECODE_MAX_BATCH`. With `n_best=n >= 1`, each result
     is instead the list of the `n` best `(translation, score)` pairs of the beam, best
-    first (`n <= beam_size`).
+    first (`n <= beam_size`). A text longer than `max_input_length` tokens is cut to its
+    first `max_input_length` (with one `UserWarning` for the call; `None`: no limit).
     """
     check_special_ids(model, tokenizer)
-    _checks.positive_ints(batch_size=batch_size, optional=True)
+    _checks.positive_ints(batch_size=batch_size, max_input_length=max_input_length, optional=True)
     _checks.counts(n_best=n_best)
     texts = _checks.texts(texts)
     if not texts:
         return []
-    # One tokenizer call for all texts; each row without its padding.
-    ids = [row[row != tokenizer.pad_id] for row in tokenizer.tokenize_dense(texts).numpy()]
+    import tensorflow as tf  # the tokenizer's ops
+
+    # One tokenizer call for all texts, ragged: a long line does not pad every other one.
+    ragged = tokenizer.tokenize(tf.constant(texts, tf.string))
+    flat, lengths = ragged.flat_values.numpy().astype("int32"), ragged.row_lengths().numpy()
+    ids = np.split(flat, np.cumsum(lengths)[:-1])
+    if max_input_length is not None and lengths.max() > max_input_length:
+        warnings.warn(f"{int((lengths > max_input_length).sum())} of the {len(texts)} texts are longer than "
+                      f"max_input_length={max_input_length} tokens (the longest: {int(lengths.max()):,}) and were "
+                      f"cut to their first {max_input_length}; split long texts into sentences", stacklevel=2)
+        ids = [row[:max_input_length] for row in ids]
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     if batch_size is None:
         # One batch size for the whole call: few shapes to compile.

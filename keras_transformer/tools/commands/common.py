@@ -9,7 +9,7 @@ import os
 import sys
 
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
-                                        MAX_LENGTH_PENALTY, QUANTIZE_MODES)
+                                        MAX_INPUT_LENGTH, MAX_LENGTH_PENALTY, QUANTIZE_MODES)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -98,6 +98,9 @@ def decoding_flags(p, batch=True) -> None:
         p.add_argument("--batch-size", type=at_least(1), default=None,
                        help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
                             f"output within {DECODE_BATCH_TOKENS:,} tokens, at most {DECODE_MAX_BATCH:,}]")
+        p.add_argument("--max-input-length", type=at_least(1), default=MAX_INPUT_LENGTH,
+                       help="A longer input line is cut to its first this many tokens, with a warning "
+                            "(self-attention's memory grows with the square of the length).")
 
 
 def fit_verbosity(args) -> int:

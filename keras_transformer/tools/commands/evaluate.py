@@ -77,9 +77,8 @@ def run(args) -> int:
     pairs = pairs[: args.limit] if args.limit else pairs
     if not pairs:
         raise RunError(f"No sentence pairs to evaluate in the {name} split (empty files?).")
-    hypotheses = evaluation.translate_texts(
-        model, tokenizer, [s for s, _ in pairs], args.beam_size, args.length_penalty, args.batch_size
-    )
+    hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in pairs], args.beam_size,
+                                            args.length_penalty, args.batch_size, max_input_length=args.max_input_length)
     scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
     evaluation.write_lines(out, hypotheses)
     print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}  |  {scores['chrf_signature']}")

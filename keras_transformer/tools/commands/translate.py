@@ -77,7 +77,7 @@ def run(args) -> int:
     for start in range(0, len(texts), chunk_size):
         chunk = texts[start : start + chunk_size]
         lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
-                                           n_best=args.n_best or 0)
+                                           n_best=args.n_best or 0, max_input_length=args.max_input_length)
         if args.n_best:
             lines = [f"{start + i} ||| {text} ||| {score:.4f}"
                      for i, hypotheses in enumerate(lines) for text, score in hypotheses]
