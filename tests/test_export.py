@@ -83,13 +83,17 @@ def _library_translations(model, tokenizer, texts):
 def exported(trained, tmp_path_factory):
     """The trained model's SavedModel, exported once for the tests that serve it (on JAX
     and PyTorch each export is a TensorFlow child process)."""
-    model, tokenizer, _ = trained
-    return kt.export.export_translator(model, tokenizer, tmp_path_factory.mktemp("export") / "translator")
+    model, tokenizer, corpus = trained
+    # The test sentences fit max_input_length; a longer input is cut (test_saved_model_...).
+    limit = max(len(tokenizer.tokenize_dense([s]).numpy()[0]) for s, _ in corpus.test[:5])
+    path = kt.export.export_translator(model, tokenizer, tmp_path_factory.mktemp("export") / "translator",
+                                       max_input_length=limit)
+    return path, limit
 
 
 def test_saved_model_translates_like_the_library(trained, exported):
     model, tokenizer, corpus = trained
-    path = exported
+    path, limit = exported
     long_input = " ".join(s for s, _ in corpus.test[:4])  # longer than any training sentence
     texts = [s for s, _ in corpus.test[:5]] + ["", long_input]
 
@@ -107,9 +111,13 @@ def test_saved_model_translates_like_the_library(trained, exported):
     assert served["translate"] == served["serving_default"]
     translations = served["translate"]
     assert translations[5] == ""  # empty in, empty out
-    assert translations[6]  # a long input still translates
     expected = _library_translations(model, tokenizer, texts[:5])
     assert translations[:5] == expected
+    # An input past max_input_length is cut to its first tokens, as translate_texts cuts it.
+    long_ids = tokenizer.tokenize_dense([long_input]).numpy()
+    assert long_ids.shape[1] > limit
+    cut = tokenizer.detokenize_dense(keras.ops.convert_to_numpy(model.translate(long_ids[:, :limit])))
+    assert translations[6] and translations[6] == cut[0]
     # Without the long input, the batch is narrower: its first search is shorter, and the
     # full one runs only if that did not end in time. The same translations either way.
     assert _serve(path, texts[:5])["translate"] == expected
@@ -119,7 +127,7 @@ def test_saved_model_translates_like_the_library(trained, exported):
                        "exported by a TensorFlow child process and read here the same way)")
 def test_one_loaded_translator_serves_several_threads(trained, exported):
     _, _, corpus = trained
-    translator = saved_model_client.load(exported)  # loaded once, as a server would
+    translator = saved_model_client.load(exported[0])  # loaded once, as a server would
     batches = [[s for s, _ in corpus.test[i:i + 3]] for i in range(0, 12, 3)]
     alone = [saved_model_client.translate(translator, batch) for batch in batches]
     results = {}
@@ -164,8 +172,8 @@ def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, 
     assert os.listdir(tmp_path / "project") == ["notes.txt"]
     from keras_transformer.tools import files
 
-    assert files.replacement_problem(exported, "savedmodel") is None  # an earlier export: replaced
-    assert "not a ctranslate2 export" in files.replacement_problem(exported, "ctranslate2")
+    assert files.replacement_problem(exported[0], "savedmodel") is None  # an earlier export: replaced
+    assert "not a ctranslate2 export" in files.replacement_problem(exported[0], "ctranslate2")
     for settings, message in ((dict(max_extra_length=-1), "`max_extra_length` must be an integer >= 0"),
                               (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number"),
                               (dict(length_penalty=10.5), "`length_penalty` must be at most 10.0 in a SavedModel")):

@@ -23,12 +23,14 @@ import tempfile
 import keras
 
 from keras_transformer import _checks
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH, MAX_LENGTH_PENALTY
+from keras_transformer.defaults import (BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH, MAX_INPUT_LENGTH,
+                                        MAX_LENGTH_PENALTY)
 from keras_transformer.tools import files
 
 
 def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length_penalty: float = LENGTH_PENALTY,
-                      max_extra_length: int = MAX_EXTRA_LENGTH) -> pathlib.Path:
+                      max_extra_length: int = MAX_EXTRA_LENGTH,
+                      max_input_length: int | None = MAX_INPUT_LENGTH) -> pathlib.Path:
     """Write a SavedModel at `path` that translates strings to strings.
 
     Args:
@@ -38,6 +40,10 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
         beam_size: Defaults to `4` (the paper).
         length_penalty: alpha of the GNMT length penalty. Defaults to `0.6` (the paper).
         max_extra_length: Longest output = input length + this. Defaults to `50`.
+        max_input_length: A longer input is cut to its first this many tokens, as
+            `evaluation.translate_texts` and CTranslate2 do (self-attention's memory grows
+            with the square of the length: one request must not exhaust a server's).
+            Defaults to `1024`; `None`: no limit.
 
     Returns:
         The path written.
@@ -56,43 +62,50 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
         raise ValueError(f"`length_penalty` must be at most {MAX_LENGTH_PENALTY} in a SavedModel, which translates "
                          f"inputs of any length (defaults.MAX_LENGTH_PENALTY). Received: length_penalty={length_penalty!r}")
     _checks.counts(max_extra_length=max_extra_length)
+    _checks.positive_ints(max_input_length=max_input_length, optional=True)
     files.check_replacement(path, "savedmodel")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
         path.parent.mkdir(parents=True, exist_ok=True)
         with files.atomic_write(path) as tmp:  # a failed export leaves the old SavedModel
-            _export_here(model, tokenizer, tmp, beam_size, length_penalty, max_extra_length)
+            _export_here(model, tokenizer, tmp, beam_size, length_penalty, max_extra_length, max_input_length)
         return path
     with tempfile.TemporaryDirectory() as tmp:
         model.save(os.path.join(tmp, "model.keras"))
         tokenizer.save(os.path.join(tmp, "tokenizer"))
         export_files(os.path.join(tmp, "model.keras"), os.path.join(tmp, "tokenizer"), path,
-                     beam_size, length_penalty, max_extra_length)
+                     beam_size, length_penalty, max_extra_length, max_input_length)
     return path
 
 
 def export_files(model_file, tokenizer_dir, path, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                 max_extra_length=MAX_EXTRA_LENGTH):
+                 max_extra_length=MAX_EXTRA_LENGTH, max_input_length=MAX_INPUT_LENGTH):
     """Export from files (`.keras` model, tokenizer directory) with the TensorFlow backend,
     in a child process."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     command = [
         sys.executable, "-m", "keras_transformer.tools.export", str(model_file), str(tokenizer_dir), str(path),
         "--beam-size", str(beam_size), "--length-penalty", str(length_penalty),
-        "--max-extra-length", str(max_extra_length),
+        "--max-extra-length", str(max_extra_length), "--max-input-length", str(max_input_length or 0),
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"Export with the TensorFlow backend failed:\n{result.stderr[-4000:]}")
 
 
-def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length):
+def cut_inputs(ids, max_input_length: int | None):
+    """Ragged ids `(B, None)` with each row cut to its first `max_input_length` (`None`: as
+    they are)."""
+    return ids if max_input_length is None else ids[:, :max_input_length]
+
+
+def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_length, max_input_length):
     import tensorflow as tf
 
     from keras_transformer.models.translating import first_search_length
 
     def translate(texts):
-        ids = tokenizer.tokenize(texts)  # ragged (B, None) int64
+        ids = cut_inputs(tokenizer.tokenize(texts), max_input_length)  # ragged (B, None) int64
         lengths = ids.row_lengths()
         # At least one position, so that a batch of empty strings still has a shape.
         width = tf.maximum(tf.reduce_max(tf.concat([lengths, [0]], 0)), 1)
@@ -131,6 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--beam-size", type=int, default=BEAM_SIZE)
     parser.add_argument("--length-penalty", type=float, default=LENGTH_PENALTY)
     parser.add_argument("--max-extra-length", type=int, default=MAX_EXTRA_LENGTH)
+    parser.add_argument("--max-input-length", type=int, default=MAX_INPUT_LENGTH, help="0: no limit")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("The exporter's child process must run with KERAS_BACKEND=tensorflow.")
@@ -138,7 +152,8 @@ def main(argv=None) -> int:
 
     model = keras.saving.load_model(args.model_file)
     tokenizer = Tokenizer.load(args.tokenizer_dir)
-    export_translator(model, tokenizer, args.path, args.beam_size, args.length_penalty, args.max_extra_length)
+    export_translator(model, tokenizer, args.path, args.beam_size, args.length_penalty, args.max_extra_length,
+                      args.max_input_length or None)
     return 0
 
 
