@@ -235,6 +235,9 @@ def test_the_exact_match_target_can_be_asked_for_several_epochs_in_a_row(monkeyp
     shares = iter([0.5, 1.0, 0.5, 1.0, 1.0, 0.5])  # the exact match of epochs 1-6
 
     def translate(model, tokenizer, texts, **kwargs):
+        # The run's validation sentences are translated whole, never cut to the command
+        # line's --max-input-length (a run may train on longer ones).
+        assert kwargs["max_input_length"] is None
         return ["A", "B"] if next(shares) == 1.0 else ["A", "wrong"]
 
     monkeypatch.setattr(evaluation, "translate_texts", translate)

@@ -196,7 +196,9 @@ class TranslationScores(keras.callbacks.Callback):
         from keras_transformer.tools import evaluation
 
         with contextlib.nullcontext(self.model) if self.translator is None else self.translator() as model:
-            hypotheses = evaluation.translate_texts(model, self.tokenizer, self.sources, beam_size=self.beam_size)
+            # The run's own validation sentences, whole (as long as the corpus holds them).
+            hypotheses = evaluation.translate_texts(model, self.tokenizer, self.sources, beam_size=self.beam_size,
+                                                    max_input_length=None)
         scores = evaluation.score(hypotheses, self.references, self.tokenizer)
         if logs is not None:
             logs.update({f"val_{k}": scores[k] for k in ("bleu", "chrf", "exact_match")})
