@@ -220,6 +220,7 @@ def test_version_is_the_installed_distributions(capsys):
     (["translate", "--length-penalty", "nan", "x"], "argument --length-penalty: must be a finite number >= 0.0, got nan"),
     (["translate", "--length-penalty", "60", "x"], "argument --length-penalty: must be a finite number in [0.0, 10.0], got 60"),
     (["evaluate", "--max-input-length", "0"], "argument --max-input-length: must be >= 1, got 0"),
+    (["export", "--max-input-length", "-3"], "argument --max-input-length: must be >= 1, got -3"),
     (["train", "--cluster-timeout", "inf"], "argument --cluster-timeout: must be a finite number >= 1.0, got inf"),
     (["export", "--beam-size", "0"], "argument --beam-size: must be >= 1, got 0"),
     (["demo", "--eval-size", "0"], "argument --eval-size: must be >= 1, got 0"),

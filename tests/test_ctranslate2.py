@@ -111,9 +111,11 @@ def test_bad_export_requests_are_one_line_and_write_nothing(run, tmp_path, capsy
          "the run's tokenizer is wordpiece"),
         # The SavedModel's search settings were ignored by a CTranslate2 export without a word.
         (["--run-dir", str(run), "--format", "ctranslate2", "--beam-size", "1", "--output", str(new)],
-         "--beam-size and --length-penalty are the SavedModel's search settings"),
+         "--beam-size, --length-penalty and --max-input-length are the SavedModel's search settings"),
         (["--run-dir", str(run), "--format", "ctranslate2", "--length-penalty", "1.0", "--output", str(new)],
-         "a CTranslate2 model takes beam_size and length_penalty each time it translates"),
+         "a CTranslate2 model takes beam_size, length_penalty and max_input_length each time it translates"),
+        (["--run-dir", str(run), "--format", "ctranslate2", "--max-input-length", "64", "--output", str(new)],
+         "--beam-size, --length-penalty and --max-input-length are the SavedModel's search settings"),
     ]
     for argv, message in cases:
         try:

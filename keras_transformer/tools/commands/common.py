@@ -94,13 +94,13 @@ def decoding_flags(p, batch=True) -> None:
     p.add_argument("--length-penalty", type=at_least(0.0, float, MAX_LENGTH_PENALTY), default=LENGTH_PENALTY,
                    help=f"alpha of ((5 + |Y|) / 6)^alpha, at most {MAX_LENGTH_PENALTY:g} (beyond, the penalty of a "
                         "long output overflows float32).")
+    p.add_argument("--max-input-length", type=at_least(1), default=MAX_INPUT_LENGTH,
+                   help="A longer input is cut to its first this many tokens (self-attention's memory grows with "
+                        "the square of the length)" + (", with a warning." if batch else "."))
     if batch:
         p.add_argument("--batch-size", type=at_least(1), default=None,
                        help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
                             f"output within {DECODE_BATCH_TOKENS:,} tokens, at most {DECODE_MAX_BATCH:,}]")
-        p.add_argument("--max-input-length", type=at_least(1), default=MAX_INPUT_LENGTH,
-                       help="A longer input line is cut to its first this many tokens, with a warning "
-                            "(self-attention's memory grows with the square of the length).")
 
 
 def fit_verbosity(args) -> int:

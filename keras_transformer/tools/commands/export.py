@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY
+from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_INPUT_LENGTH
 from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
                                                       run_dir_flag)
 from keras_transformer.tools.config import RunError
@@ -46,10 +46,10 @@ def check(args) -> None:
     elif args.quantize is not None:
         raise RunError("--quantize is Keras' quantization of the SavedModel; for CTranslate2 give its weight type "
                        "with --quantization, e.g. --quantization int8")
-    elif (args.beam_size, args.length_penalty) != (BEAM_SIZE, LENGTH_PENALTY):
-        raise RunError("--beam-size and --length-penalty are the SavedModel's search settings; a CTranslate2 model "
-                       "takes beam_size and length_penalty each time it translates (translate_batch; the README "
-                       "the export writes shows them)")
+    elif (args.beam_size, args.length_penalty, args.max_input_length) != (BEAM_SIZE, LENGTH_PENALTY, MAX_INPUT_LENGTH):
+        raise RunError("--beam-size, --length-penalty and --max-input-length are the SavedModel's search settings; a "
+                       "CTranslate2 model takes beam_size, length_penalty and max_input_length each time it "
+                       "translates (translate_batch; the README the export writes shows them)")
     else:
         from keras_transformer.tools.ctranslate2_export import CTranslate2Error, check_tokenizer_kind, quantizations
 
@@ -95,7 +95,8 @@ def run(args) -> int:
         print(f"CTranslate2 model written to {args.output}" + (f" ({args.quantization})" if args.quantization else ""))
         print(ctranslate2_instructions(os.path.abspath(args.output), tokenizer.lower_case))
         return 0
-    export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty)
+    export.export_translator(model, tokenizer, args.output, args.beam_size, args.length_penalty,
+                             max_input_length=args.max_input_length)
     print(f"SavedModel written to {args.output}" + (f" (Dense layers {args.quantize})" if args.quantize else ""))
     print(serving_instructions(args.output))
     return 0
