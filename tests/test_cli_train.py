@@ -129,8 +129,8 @@ def test_demo_checks_its_training_settings_as_train_does(tmp_path, capsys):
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err, captured
     assert not (tmp_path / "demo").exists() and a_file.read_text() == "mine"
-    # A run of other settings in OUTPUT_DIR/run (an earlier `demo --steps 40`): said after
-    # the first banner, once the backend had loaded.
+    # A run of other settings in OUTPUT_DIR/run (an earlier `demo --steps 40`): said before
+    # anything is printed (it was said after the first banner, once the backend had loaded).
     (tmp_path / "demo" / "run").mkdir(parents=True)
     (tmp_path / "demo" / "run" / "config.json").write_text(json.dumps({"steps": 40}))
     assert cli.main(["demo", "--output-dir", str(tmp_path / "demo")]) == 2

@@ -133,7 +133,6 @@ class Translating:
             best first, and `(B, n)` scores.
         """
         _checks.beam(beam_size, num_hypotheses)
-        _checks.length_penalties(length_penalty=length_penalty)
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
@@ -148,8 +147,8 @@ class Translating:
         if min_length > max_length:
             raise ValueError(f"`min_length` must be at most the longest output, {max_length}. "
                              f"Received: min_length={min_length}")
-        if beam_size > 1:  # greedy search does not read the penalty
-            _checks.length_penalties(length_penalty=length_penalty, max_length=max_length)
+        # Greedy search does not read the penalty: only beam search's may not overflow.
+        _checks.length_penalties(length_penalty=length_penalty, max_length=max_length if beam_size > 1 else None)
         if batch == 0:  # nothing to search: empty results of the shapes a search returns
             shape = (0, max_length) if num_hypotheses == 1 else (0, num_hypotheses, max_length)
             tokens, scores = ops.zeros(shape, "int32"), ops.zeros(shape[:-1], "float32")

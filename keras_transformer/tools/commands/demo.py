@@ -7,10 +7,9 @@ import os
 import pathlib
 import sys
 
-from keras_transformer.tools import run_setup
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
 from keras_transformer.tools.commands.export import serving_instructions
-from keras_transformer.tools.commands.train import check_not_busy
+from keras_transformer.tools.commands.train import check_run_dir
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import replacement_problem
 
@@ -42,17 +41,16 @@ def check(args) -> dict:
     if args.eval_size > HELD_OUT:
         raise RunError(f"--eval-size {args.eval_size} is more than the numbers corpus's {HELD_OUT:,} held-out pairs; "
                        f"give at most {HELD_OUT}")
+    run_dir = os.path.join(args.output_dir, "run")  # train's run directory goes in it
     check_writable("--output-dir", args.output_dir)
-    check_writable("--output-dir", os.path.join(args.output_dir, "run"))  # train's run directory goes in it
+    check_writable("--output-dir", run_dir)
     translator = os.path.join(args.output_dir, "translator")
     problem = replacement_problem(translator, "savedmodel")  # the export replaces it as a whole
     if problem:
         raise RunError(f"--output-dir {args.output_dir}: its {translator} {problem}")
     config = _config(args)
     config.validate()  # --train-size and --steps as train checks them
-    run_dir = pathlib.Path(args.output_dir) / "run"
-    check_not_busy(run_dir)
-    run_setup.check_output_dir(run_dir, config)  # a run of other settings there (an earlier --steps)
+    check_run_dir(run_dir, config)  # a run of other settings there (an earlier --steps)
     return {"config": config}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -64,13 +63,11 @@ def _check_train(command) -> None:
     """`train`'s flags, checked once here as each process will check them, so that a
     mistake is one line before any process starts, not one line per process. (A wrong
     flag is argparse's message and status 2; `--help` prints train's help.)"""
-    from keras_transformer.tools import cli, run_setup
+    from keras_transformer.tools import cli
     from keras_transformer.tools.commands import train
 
     child = cli.parse(command)
-    config = train.settings(child)
-    train.check_not_busy(child.output_dir)
-    run_setup.check_output_dir(pathlib.Path(child.output_dir), config)  # a file, other files, another run
+    train.check_run_dir(child.output_dir, train.settings(child))
 
 
 def run(args) -> int:

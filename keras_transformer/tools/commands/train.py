@@ -93,6 +93,17 @@ def check_not_busy(output_dir) -> None:
         raise busy_error(output_dir)
 
 
+def check_run_dir(output_dir, config: TrainConfig) -> None:
+    """What `train` checks of its `--output-dir` once it runs, checked before it starts
+    (by `launch` and `demo`): not held by another `train`, not a file or a directory of
+    other files, no run of other settings (`run_setup.check_output_dir`, which reads only
+    config.json)."""
+    from keras_transformer.tools import run_setup
+
+    check_not_busy(output_dir)
+    run_setup.check_output_dir(pathlib.Path(output_dir), config)
+
+
 def run(args) -> int:
     from keras_transformer.tools.training import train
 

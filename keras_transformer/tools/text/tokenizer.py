@@ -177,10 +177,9 @@ class Tokenizer(tf.Module):
                 return []
             if ids.shape.rank != 2:
                 raise ValueError(f"`ids` must be (batch, length). Received: shape={tuple(ids.shape)}")
+            ids = tf.RaggedTensor.from_tensor(ids)
         if not ids.dtype.is_integer:  # a float id would be truncated to another token
             raise ValueError(f"`ids` must be integer token ids. Received: dtype={ids.dtype.name}")
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(tf.cast(ids, tf.int64))
         values = ids.flat_values.numpy()
         if values.size and (values.min() < 0 or values.max() >= self.vocab_size):
             raise ValueError(f"`ids` must be in [0, {self.vocab_size}) (the vocabulary). "
