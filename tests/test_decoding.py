@@ -12,8 +12,14 @@ import pytest
 import keras_transformer as kt
 from keras_transformer import _compat, decoding
 from keras_transformer.defaults import MAX_LENGTH_PENALTY
-from tests.conftest import only_on, randomize_weights, to_numpy
+from tests.conftest import BACKEND, only_on, randomize_weights, to_numpy
 
+# The searches' rules are checked here on the search each backend runs fastest for a few
+# tokens of a tiny model: compiled on JAX (whose eager ops compile one by one), eagerly on
+# TensorFlow and PyTorch (where compiling a search takes longer than these run). That the
+# compiled search gives the eager one's tokens and scores is test_compiled_search's check,
+# in every suite, and the short-buffer test below compiles on every backend.
+COMPILE = BACKEND == "jax"
 V = 7  # ids 0..3 reserved; the searches never emit [PAD]=0 or [START]=2
 
 
@@ -49,7 +55,7 @@ def test_beam_of_one_equals_greedy():
     # With alpha = 0 a single beam stops exactly when greedy does: once [END] is the
     # most probable token, nothing alive can score higher.
     model = _model()
-    greedy = to_numpy(model.translate(_source(), beam_size=1, max_length=8), "int32")
+    greedy = to_numpy(model.translate(_source(), beam_size=1, max_length=8, compile=COMPILE), "int32")
     # beam_size=1 in `translate` is greedy; call the beam search itself with one beam.
     beam, _ = model.search(_source(), 8, beam_size=1, length_penalty=0.0, use_cache=True)
     beam = to_numpy(beam, "int32")
@@ -66,7 +72,8 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     candidates = [tuple(p) + (decoding.END_ID,) for n in range(max_length) for p in itertools.product(non_end, repeat=n)]
     source = _source()
     tokens, scores = model.translate(
-        source, beam_size=len(allowed) ** max_length, length_penalty=alpha, max_length=max_length, return_scores=True
+        source, beam_size=len(allowed) ** max_length, length_penalty=alpha, max_length=max_length, return_scores=True,
+        compile=COMPILE,
     )
     tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
     for b in range(len(source)):
@@ -86,10 +93,11 @@ def test_n_best_list_is_the_exhaustive_top_n():
     source = _source()
     width = len(allowed) ** max_length
     tokens, scores = model.translate(source, beam_size=width, length_penalty=alpha, max_length=max_length,
-                                     return_scores=True, num_hypotheses=n)
+                                     return_scores=True, num_hypotheses=n, compile=COMPILE)
     tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
     assert tokens.shape == (len(source), n, max_length) and scores.shape == (len(source), n)
-    best_only = to_numpy(model.translate(source, beam_size=width, length_penalty=alpha, max_length=max_length), "int32")
+    best_only = to_numpy(model.translate(source, beam_size=width, length_penalty=alpha, max_length=max_length,
+                                         compile=COMPILE), "int32")
     np.testing.assert_array_equal(tokens[:, 0], best_only)
     for b in range(len(source)):
         exhaustive = _score_sequences(model, source[b], candidates, alpha)
@@ -104,7 +112,8 @@ def test_n_best_list_is_the_exhaustive_top_n():
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_cache_gives_the_same_tokens_as_rerunning_the_decoder(search):
     model = _model(seed=5)
-    kwargs = dict(max_length=10, beam_size=3 if search == "beam" else 1, return_scores=search == "beam")
+    kwargs = dict(max_length=10, beam_size=3 if search == "beam" else 1, return_scores=search == "beam",
+                  compile=COMPILE)
     cached = model.translate(_source(), use_cache=True, **kwargs)
     full = model.translate(_source(), use_cache=False, **kwargs)
     if search == "beam":
@@ -117,7 +126,7 @@ def test_greedy_matches_a_plain_python_loop():
     """Reference: call the model on the growing prefix and take the argmax."""
     model = _model(seed=7)
     source = _source()
-    result = to_numpy(model.translate(source, beam_size=1, max_length=4), "int32")
+    result = to_numpy(model.translate(source, beam_size=1, max_length=4, compile=COMPILE), "int32")
     prefix = np.full((len(source), 1), decoding.START_ID, "int32")
     done = np.zeros(len(source), bool)
     for _ in range(4):
@@ -131,7 +140,7 @@ def test_greedy_matches_a_plain_python_loop():
 
 def test_output_shape_and_padding_after_end():
     model = _model(seed=9)
-    out = to_numpy(model.translate(_source(), max_extra_length=5), "int32")
+    out = to_numpy(model.translate(_source(), max_extra_length=5, compile=COMPILE), "int32")
     assert out.shape == (3, 4 + 5)  # input length + max_extra_length
     ended_early = 0
     for row in out:
