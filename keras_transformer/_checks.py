@@ -6,18 +6,23 @@ from __future__ import annotations
 import math
 import numbers
 
+from keras_transformer.defaults import MAX_INT
+
 _LOG_FLOAT32_MAX = math.log(3.4028234663852886e38)  # the largest float32
 
 
 def _integers(where: str, minimum: int, kind: str, optional: bool, values: dict) -> None:
-    """Refuse any value that is not a Python integer >= `minimum` (`None` passes when
-    `optional`); `kind` says what is wanted."""
+    """Refuse any value that is not a Python integer in `[minimum, MAX_INT]` (`None` passes
+    when `optional`); `kind` says what is wanted."""
     for name, value in values.items():
         if optional and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{where}`{name}` must be {kind}{' or None' if optional else ''}. "
                              f"Received: {name}={value!r}")
+        if value > MAX_INT:
+            raise ValueError(f"{where}`{name}` must be at most {MAX_INT} (the engines hold sizes and counts in "
+                             f"int32). Received: {name}={value!r}")
 
 
 def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:

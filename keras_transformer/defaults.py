@@ -20,6 +20,10 @@ MAX_EXTRA_LENGTH = 50
 # the search would choose among them at random. `Transformer.translate` and
 # `decoding.beam_search` check alpha against their own longest output instead.
 MAX_LENGTH_PENALTY = 10.0
+# The largest size, length or count the library and the command line take: the engines
+# hold them in int32 tensors and C ints (a larger one failed inside TensorFlow's data
+# pipeline, a SavedModel's constants or JAX's search, with their own errors).
+MAX_INT = 2**31 - 1
 # The longest input `translate` and `evaluate` decode (not in the paper; CTranslate2's
 # default `max_input_length`): a longer one is cut to its first this many tokens, with a
 # warning. Self-attention's memory grows with the square of the length: one line of 12,000

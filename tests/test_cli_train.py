@@ -184,7 +184,7 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
 
 
-def test_a_read_or_write_the_system_refuses_mid_run_is_one_line_and_a_bug_keeps_its_traceback(capsys):
+def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_traceback(capsys):
     def failing(error):
         def handler(settings):
             raise error
@@ -198,6 +198,29 @@ def test_a_read_or_write_the_system_refuses_mid_run_is_one_line_and_a_bug_keeps_
     assert cli.run(args, failing(OSError("raised by code"))) == 1  # no errno: not the system's refusal
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error (a bug in keras-transformer)" in err, err
+    # A batch too large for the machine is not a bug either: one line naming what ran out and
+    # the flags that ask for less (tests/test_cli_translate.py runs out for real on each backend).
+    ResourceExhaustedError = type("ResourceExhaustedError", (Exception,), {})  # TensorFlow's, by name
+    wrapped = RuntimeError("Exception encountered when calling MultiHeadAttention.call().\n\n\x1b[1mRESOURCE_EXHAUSTED: "
+                           "Out of memory allocating 115216001960 bytes.\x1b[0m")
+    for error, said in ((MemoryError(), "(MemoryError)"),
+                        (ResourceExhaustedError("OOM when allocating tensor with shape[1,1000000,4,24,32]"),
+                         "(ResourceExhaustedError: OOM when allocating tensor with shape[1,1000000,4,24,32])"),
+                        (wrapped, "(RuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 115216001960 bytes.)")):
+        assert cli.run(args, failing(error)) == 1
+        assert capsys.readouterr().err == (f"keras-transformer train: error: out of memory {said}; give a smaller "
+                                           "--batch-tokens (or --max-length, or a smaller model)\n")
+    try:  # PyTorch's CPU allocator, under Keras' own error of the layer
+        try:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory")
+        except RuntimeError as cause:
+            raise RuntimeError("Exception encountered when calling Dense.call().") from cause
+    except RuntimeError as error:
+        assert cli.run(argparse.Namespace(command="translate", verbose=False), failing(error)) == 1
+    assert capsys.readouterr().err == (
+        "keras-transformer translate: error: out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == "
+        "0. DefaultCPUAllocator: can't allocate memory); give a smaller --batch-size, --beam-size or "
+        "--max-input-length\n")
 
 
 def test_version_is_the_installed_distributions(capsys):
@@ -210,7 +233,15 @@ def test_version_is_the_installed_distributions(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    (["train", "--steps", "abc"], "argument --steps: expected an integer, got 'abc'"),
+    # Integers are ASCII digits (int() also reads other scripts' digits) up to 2**31 - 1: larger
+    # ones failed inside TensorFlow's data pipeline and JAX's search, with a traceback.
+    (["train", "--num-layers", "\u0662"], "argument --num-layers: expected an integer, got '\u0662'"),
+    (["train", "--batch-tokens", "99999999999999999999"],
+     "argument --batch-tokens: must be at most 2147483647, got 99999999999999999999"),
+    (["translate", "--beam-size", "2147483648", "x"], "argument --beam-size: must be in [1, 2147483647], got 2147483648"),
+    (["translate", "--n-best", "\u0663", "x"], "argument --n-best: expected int >= 1, got '\u0663'"),
+    (["demo", "--train-size", "1e3"], "argument --train-size: expected an integer, got '1e3'"),
     (["train", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
     (["train", "--steps", "2", "--epochs", "3"], "argument --epochs: not allowed with argument --steps"),
     (["translate", "--beam-size", "0", "x"], "argument --beam-size: must be >= 1, got 0"),

@@ -225,12 +225,15 @@ def test_missing_or_broken_checkpoint_exits_2(tmp_path, capsys):
             evaluation.load_model_file(model_file)
 
 
-def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",), env_set=None):
-    """The installed command's code path (`keras_transformer_cli.main`) in a child process."""
+def _console(*args, stdin=None, env_drop=("TF_CPP_MIN_LOG_LEVEL",), env_set=None, memory=None):
+    """The installed command's code path (`keras_transformer_cli.main`) in a child process
+    (with at most `memory` bytes of address space, if given)."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     env.update(env_set or {})
-    return subprocess.run([sys.executable, "-c", "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main())",
-                           *args], input=stdin, capture_output=True, timeout=300, env=env)
+    limit = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory})); " if memory else ""
+    return subprocess.run([sys.executable, "-c", limit + "import sys, keras_transformer_cli; "
+                           "sys.exit(keras_transformer_cli.main())", *args],
+                          input=stdin, capture_output=True, timeout=300, env=env)
 
 
 def test_the_command_line_is_quiet_and_reads_any_line_ending(demo, tmp_path):
@@ -250,6 +253,21 @@ def test_the_command_line_is_quiet_and_reads_any_line_ending(demo, tmp_path):
     assert result.returncode == 2 and _noise(result.stderr) == [], result.stderr.decode()[-2000:]
     last = result.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("keras-transformer evaluate: error: ") and "is not a Keras model file" in last, last
+
+
+@only_on("jax", "what the command prints is its own code; each backend's out-of-memory error is recognised in "
+                "test_compiled_search, in every suite (provoked here, TensorFlow's allocator retries for 10 s)")
+def test_running_out_of_memory_is_one_line_naming_the_flags_that_ask_for_less(demo):
+    # A beam of a hundred thousand asks for 11 GB and more on every backend: each backend's
+    # out-of-memory error (XLA's, TensorFlow's, PyTorch's CPU allocator's) was a traceback
+    # and "internal error (a bug in keras-transformer)", and on TensorFlow the compiled
+    # search's failure made it search again, eagerly, before running out again.
+    result = _console("translate", "--run-dir", str(demo / "run"), "--beam-size", "100000", "seven",
+                      env_set={"TF_CPP_MIN_LOG_LEVEL": "2"}, memory=4 << 30)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and err.count("\n") == 1, err[-3000:]
+    assert err.startswith("keras-transformer translate: error: out of memory (") and err.endswith(
+        "); give a smaller --batch-size, --beam-size or --max-input-length\n"), err
 
 
 def _noise(stderr):

@@ -133,6 +133,52 @@ def test_a_search_that_cannot_be_compiled_runs_eagerly_with_one_warning():
     np.testing.assert_array_equal(second, expected)
 
 
+def test_running_out_of_memory_is_raised_and_the_search_stays_compiled():
+    # A batch too large for the machine made the model's search eager for good (a server's
+    # one large request, and every request after it ran eagerly), after running out again.
+    from keras_transformer.backend.compile import _EagerFallback
+
+    def compiled(source_ids):
+        if source_ids == "large":
+            try:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 12288000000 bytes")
+            except RuntimeError as cause:
+                raise RuntimeError("Exception encountered when calling MultiHeadAttention.call().") from cause
+        if source_ids == "branching":
+            raise TypeError("a tensor's value read in Python")
+        return "compiled"
+
+    search = _EagerFallback(compiled, lambda source_ids, while_loop: "eager", "search")
+    with pytest.raises(RuntimeError, match="MultiHeadAttention"):
+        search("large")
+    assert search.failure is None and search("small") == "compiled"
+    with pytest.warns(CompileFailedWarning, match="Reason: TypeError: a tensor's value read in Python"):
+        assert search("branching") == "eager"  # what compiling cannot do: eager from then on
+    assert search("small") == "eager"
+
+
+def test_each_backends_out_of_memory_error_is_told_from_a_bug():
+    from keras_transformer.backend.compile import out_of_memory
+
+    errors = []
+    if BACKEND == "tensorflow":
+        # Provoked, it costs the allocator's 10 s of retries: TensorFlow's own class, by name.
+        import tensorflow as tf
+
+        errors.append(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[274877906944]"))
+    else:  # 1 TiB: XLA's and PyTorch's CPU allocators refuse at once
+        with pytest.raises(Exception) as refused:
+            keras.ops.ones((2**38,))
+        errors.append(refused.value)
+    if BACKEND == "torch":
+        import torch
+
+        errors.append(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"))
+    for error in errors:
+        assert out_of_memory(error), repr(error)
+    assert out_of_memory(ValueError("Exception encountered when calling Dense.call(): shapes differ")) is None
+
+
 def test_compile_accepts_true_false_or_torch_compile_on_pytorch():
     model = _model(0)
     with pytest.raises(ValueError, match="Received: compile='xla'"):

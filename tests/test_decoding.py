@@ -174,7 +174,10 @@ def test_bad_arguments():
                               (dict(max_length=2.5), "`max_length` must be a positive integer or None"),
                               (dict(max_extra_length=-5), "`max_extra_length` must be an integer >= 0"),
                               (dict(min_length=-1), "`min_length` must be an integer >= 0"),
-                              (dict(max_length=5, min_length=6), "`min_length` must be at most the longest output, 5")):
+                              (dict(max_length=5, min_length=6), "`min_length` must be at most the longest output, 5"),
+                              # int32 sizes in every engine: a larger one failed inside the backend.
+                              (dict(max_length=2**31), r"`max_length` must be at most 2147483647 \(the engines"),
+                              (dict(beam_size=2**40), r"`beam_size` must be at most 2147483647")):
         with pytest.raises(ValueError, match=message):
             model.translate(_source(), **settings)
     with pytest.raises(ValueError, match=r"at least one position per row. Received: shape=\(3, 0\)"):

@@ -9,13 +9,15 @@
 
 When compiling fails (a layer that branches on a tensor's value, an op an engine does
 not know), the search runs eagerly from then on, with one `CompileFailedWarning` naming
-the reason: same tokens, slower. Every compiled function may be called from several
-threads at once.
+the reason: same tokens, slower. Running out of memory is raised as it is (`out_of_memory`
+tells it): the eager search needs as much, and the next, smaller batch compiles. Every
+compiled function may be called from several threads at once.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import warnings
 
@@ -91,6 +93,8 @@ class _EagerFallback:
             try:
                 return self.compiled(source_ids)
             except Exception as error:  # whatever the engine raised: the eager search decides
+                if out_of_memory(error):  # a batch too large for the machine: eagerly too
+                    raise
                 with self._lock:
                     first, self.failure = self.failure is None, _reason(error)
                 if first:
@@ -108,6 +112,26 @@ def _reason(error: Exception) -> str:
     cause = error.__cause__ or error
     lines = str(cause).strip().splitlines() or [""]
     return f"{type(cause).__name__}: {lines[0]}"
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """What says that `error`, or an error it was raised from, is a backend or Python running
+    out of memory (a batch too large for the machine is not a bug), or `None`: Python's
+    `MemoryError`, TensorFlow's `ResourceExhaustedError`, PyTorch's `OutOfMemoryError` and
+    its CPU allocator's "can't allocate memory", XLA's `RESOURCE_EXHAUSTED: Out of memory`."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines() or [""]  # less Keras' bold
+        said = [line.strip() for line in lines if _OUT_OF_MEMORY.search(line)]
+        if said or isinstance(error, MemoryError) or type(error).__name__ in ("ResourceExhaustedError",
+                                                                              "OutOfMemoryError"):
+            return f"{type(error).__name__}: {(said or lines)[0][:200]}".rstrip(": ")
+        error = error.__cause__ or error.__context__
+    return None
+
+
+_OUT_OF_MEMORY = re.compile(r"can't allocate memory|RESOURCE_EXHAUSTED: Out of memory|\bOOM when allocating")
 
 
 class FunctionCache:

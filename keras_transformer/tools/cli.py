@@ -128,12 +128,29 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
             print(f"keras-transformer {args.command}: error: {e.strerror or e}{': ' + paths if paths else ''}",
                   file=sys.stderr)
             return 1
+        from keras_transformer.backend.compile import out_of_memory  # Keras is loaded by now
+
+        memory = out_of_memory(e)
+        if memory:
+            print(f"keras-transformer {args.command}: error: out of memory ({memory}); "
+                  f"{_MEMORY_ADVICE.get(args.command, 'ask for less work at once')}", file=sys.stderr)
+            return 1
         import traceback  # a bug, not a mistake in the input: keep the traceback
 
         traceback.print_exc()
         print(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
               "it with the command line and the traceback above.", file=sys.stderr)
         return 1
+
+
+# What each command can be asked to do with less memory.
+_MEMORY_ADVICE = {
+    "translate": "give a smaller --batch-size, --beam-size or --max-input-length",
+    "evaluate": "give a smaller --batch-size, --beam-size or --max-input-length",
+    "train": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
+    "demo": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
+    "launch": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
+}
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ import json
 import os
 import socket
 
+from keras_transformer.defaults import MAX_INT
 from keras_transformer.tools.config import RunError
 
 __all__ = ["Cluster", "ClusterError", "from_environment"]
@@ -106,10 +107,6 @@ def from_environment(backend: str, environ=None) -> Cluster:
     return cluster
 
 
-# The most processes a run can have: the engines count them in C ints.
-MAX_PROCESSES = 2**31 - 1
-
-
 def _integer(value, name: str, minimum: int) -> int:
     """A count or an index: a variable's ASCII digits, or a JSON integer (TF_CONFIG's)."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -120,8 +117,8 @@ def _integer(value, name: str, minimum: int) -> int:
         raise ClusterError(f"{name} must be an integer >= {minimum}; got {value!r}.")
     if number < minimum:
         raise ClusterError(f"{name} must be an integer >= {minimum}; got {number}.")
-    if number > MAX_PROCESSES:
-        raise ClusterError(f"{name} must be at most {MAX_PROCESSES} (the engines count processes in C ints); "
+    if number > MAX_INT:
+        raise ClusterError(f"{name} must be at most {MAX_INT} (the engines count processes in C ints); "
                            f"got {number}.")
     return number
 

@@ -9,7 +9,7 @@ import os
 import sys
 
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
-                                        MAX_INPUT_LENGTH, MAX_LENGTH_PENALTY, QUANTIZE_MODES)
+                                        MAX_INPUT_LENGTH, MAX_INT, MAX_LENGTH_PENALTY, QUANTIZE_MODES)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -72,11 +72,37 @@ def quantize_flag(p, what: str) -> None:
                         "in BLEU and gains in size and speed on each backend.")
 
 
+def _parse_integer(text: str) -> int:
+    """`text` as an integer written in ASCII digits (`int` also reads other scripts' digits,
+    `٣`); `ValueError` otherwise."""
+    stripped = text.strip()
+    digits = stripped[1:] if stripped[:1] in ("+", "-") else stripped
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(text)
+    return int(stripped)
+
+
+def integer(text: str) -> int:
+    """An argparse type: an integer in ASCII digits, at most `MAX_INT` (each flag's own
+    range is checked where the flag is)."""
+    try:
+        value = _parse_integer(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {text}")
+    return value
+
+
 def at_least(minimum, kind=int, maximum=None):
-    """An argparse type: a `kind` number >= `minimum` (and <= `maximum`, if given)."""
+    """An argparse type: a `kind` number >= `minimum` and <= `maximum` (an integer: at most
+    `MAX_INT` where no `maximum` is given)."""
+    if kind is int and maximum is None:
+        maximum = MAX_INT
+
     def convert(text):
         try:
-            value = kind(text)
+            value = _parse_integer(text) if kind is int else kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
         finite = "a finite number " if kind is float else ""

@@ -7,7 +7,7 @@ import os
 import pathlib
 import sys
 
-from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer
 from keras_transformer.tools.commands.export import serving_instructions
 from keras_transformer.tools.commands.train import check_run_dir
 from keras_transformer.tools.config import RunError, TrainConfig
@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-size", type=at_least(1), default=1000, help="Held-out numbers to translate and score, "
                         "and validation numbers checked during training (at most 1,000 each).")
     p.add_argument("--steps", type=at_least(1), help="Training steps, for a quick look. [default: as `train`]")
-    p.add_argument("--train-size", type=int, help="Training pairs, for a quick look. [default: as `train`]")
+    p.add_argument("--train-size", type=integer, help="Training pairs, for a quick look. [default: as `train`]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.set_defaults(handler=run, check=check)
 

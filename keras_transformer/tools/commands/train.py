@@ -7,7 +7,7 @@ import os
 import pathlib
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
-from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer
 from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import lock_held
 
@@ -58,6 +58,8 @@ def _add_setting_flag(group, field) -> None:
     if shown is not None:
         help_text = f"{help_text} [default: {shown}]"
     kind = meta.pop("type", None) or type(field.default)
+    if kind is int:
+        kind = integer  # ASCII digits, at most MAX_INT: the rule of every integer flag
     group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
 
 
