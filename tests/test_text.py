@@ -5,8 +5,11 @@ TensorFlow suite only; the training, translation and export tests use them under
 PyTorch too."""
 
 import gzip
+import json
 import os
 import re
+import subprocess
+import sys
 import unicodedata
 
 import numpy as np
@@ -377,6 +380,33 @@ def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
     assert sum(int(x["source_ids"].shape[0]) for x, _ in ds) == 3
     with pytest.raises(ValueError, match="batch_tokens=8, max_length=16"):
         make_dataset(pairs, tokenizer, batch_tokens=8, max_length=16)
+
+
+def test_a_budget_larger_than_the_data_makes_batches_of_the_pairs_there_are(tokenizer):
+    # `--batch-tokens 2147483647`: a repeated dataset filled one batch with the same pairs,
+    # pass after pass (268 million rows), and training never started. Here 600 tokens at
+    # length 8 asked for 75 rows of 5 pairs.
+    pairs = [(text, text) for text in UNICODE[:2]] + [("forty - two", "I pizza")] * 3
+    batches = make_dataset(pairs, tokenizer, batch_tokens=600, max_length=16, repeat=True, shuffle=False)
+    for x, _ in batches.take(4):
+        assert int(x["source_ids"].shape[0]) <= len(pairs), x["source_ids"].shape
+
+
+def test_a_vocabulary_asked_larger_than_the_texts_can_give_is_what_they_give():
+    # `--vocab-size 2147483647`: SentencePiece's trainer never returned (its size times 1.1
+    # overflows an int32) and Hugging Face's WordPiece trainer aborted the process, asking
+    # for 141 GB; below that, both took time that grows with the size asked for. In a child
+    # process: the failures were a hang and an abort.
+    program = (
+        "import json, sys; from keras_transformer.tools.text import Tokenizer; "
+        "texts = [f'{i} times forty-two, said Ünal' for i in range(300)]; "
+        "print(json.dumps([Tokenizer.build(texts, vocab_size=size, kind=kind, min_frequency=2).vocab_size "
+        "for kind in ('sentencepiece', 'wordpiece') for size in (2**31 - 1, 20_000)]))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    sentencepiece_huge, sentencepiece, wordpiece_huge, wordpiece = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sentencepiece_huge == sentencepiece and wordpiece_huge == wordpiece and wordpiece > 20, result.stdout
 
 
 def test_a_corpus_reversed_swaps_every_pair_and_keeps_the_splits():

@@ -54,8 +54,8 @@ def make_dataset(
         pairs: `(source, target)` sentence pairs.
         tokenizer: A `Tokenizer` shared by both sides.
         batch_tokens: Token budget per batch and side: a bucket of length L makes
-            batches of `batch_tokens // L` pairs, and neither side is padded beyond L.
-            Defaults to `4096`.
+            batches of `batch_tokens // L` pairs (at most as many as `pairs` holds), and
+            neither side is padded beyond L. Defaults to `4096`.
         max_length: Pairs whose source, or target plus one special token, is longer
             are dropped. Defaults to `64`.
         shuffle: Shuffle the pairs (again at every pass). Defaults to `True`.
@@ -83,13 +83,20 @@ def make_dataset(
     ds = _examples(pairs, tokenizer, max_length, shuffle, seed)
     if repeat:  # after the filter: no pair that fits means no batch, not an endless search
         ds = ds.repeat()
-    ds = _bucketed(ds, lengths, [max(multiple, batch_tokens // n // multiple * multiple) for n in lengths],
-                   tokenizer.pad_id, drop_remainder)
+    ds = _bucketed(ds, lengths, _batch_sizes(batch_tokens, lengths, len(pairs), multiple), tokenizer.pad_id,
+                   drop_remainder)
     if multiple > 1:
         ds = ds.map(_plain(lambda x, y: _shard(x, y, num_shards, shard_index, devices_per_shard, tokenizer.pad_id)))
     if not repeat:  # bucketing hides the number of batches: counted once, for Keras' progress bar
         ds = ds.apply(tf.data.experimental.assert_cardinality(int(ds.reduce(0, _plain(lambda count, _: count + 1)))))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _batch_sizes(batch_tokens: int, lengths: list[int], pairs: int, multiple: int) -> list[int]:
+    """Each bucket's pairs per batch: `batch_tokens // length`, a multiple of `multiple`, and
+    at most the pairs there are (a budget larger than the data, a typo's extra zeros, would
+    fill one batch with the same pairs, pass after pass, without end)."""
+    return [max(multiple, min(batch_tokens // n, pairs) // multiple * multiple) for n in lengths]
 
 
 def _plain(fn):

@@ -113,7 +113,9 @@ class Tokenizer(tf.Module):
             lower_case: Lower-case text first. Defaults to `False`.
             min_frequency: Fewest occurrences of a pair to merge it (WordPiece with the
                 `"tokenizers"` learner only). Defaults to `20`.
-            learner: WordPiece only: `"tokenizers"` or `"tensorflow-text"`.
+            learner: WordPiece only: `"tokenizers"` or `"tensorflow-text"`. The first
+                breaks ties in hash-map order, so the same texts can give another
+                vocabulary in another process (huggingface/tokenizers#1794, open).
             byte_fallback: SentencePiece only: spell characters outside the vocabulary
                 as UTF-8 bytes instead of `[UNK]`. Defaults to `None`: on when
                 `vocab_size >= 1024`.

@@ -49,6 +49,21 @@ def nfc_rules() -> str:
     return "\n".join(lines) + "\n"
 
 
+# SentencePiece's unigram trainer starts from at most this many seed pieces (its default
+# `seed_sentencepiece_size`), substrings of at most 16 characters (`max_sentencepiece_length`).
+SEED_PIECES = 1_000_000
+
+
+def largest_sentencepiece_vocabulary(texts: list[str]) -> int:
+    """More pieces than SentencePiece's unigram trainer can learn from `texts`: its seeds
+    (substrings of the texts), every character, the 256 byte pieces and the reserved
+    tokens; it only removes pieces from there. Asked for more, it learns the same
+    vocabulary, in time that grows with the size asked for, and past about 1.95e9 (the
+    size times 1.1 overflows an int32) it never returns."""
+    characters = sum(len(text) for text in texts)
+    return min(SEED_PIECES, 16 * characters) + min(characters, 0x110000) + 256 + len(RESERVED_TOKENS)
+
+
 def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
     import sentencepiece as spm
 
@@ -63,7 +78,8 @@ def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_
                 sentence_iterator=iter(texts),
                 model_writer=model,
                 model_type="unigram",
-                vocab_size=vocab_size,
+                vocab_size=min(vocab_size, largest_sentencepiece_vocabulary(texts)),
+                seed_sentencepiece_size=SEED_PIECES,
                 # A smaller corpus gives a smaller vocabulary instead of an error.
                 hard_vocab_limit=False,
                 # Every character of the training text gets a piece (the default drops the
@@ -88,6 +104,15 @@ def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_
     return model.getvalue()
 
 
+def largest_wordpiece_vocabulary(texts: list[str], min_frequency: int) -> int:
+    """More pieces than a WordPiece (BPE) trainer can learn from `texts`: the reserved
+    tokens, each character alone and as a continuation (`##c`), and the merges. Every merge
+    takes a pair seen at least `min_frequency` times and so removes at least that many
+    pieces from the texts' words, which start as at most their characters."""
+    characters = sum(len(text) for text in texts)
+    return len(RESERVED_TOKENS) + 2 * min(characters, 0x110000) + characters // max(1, min_frequency)
+
+
 def learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int) -> list[str]:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, normalizers, pre_tokenizers, trainers
@@ -97,7 +122,9 @@ def learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int)
     # The same split as TensorFlow Text's BertTokenizer: whitespace, punctuation, CJK.
     learner.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
+        # The trainer sets memory aside for the size asked for: past what the texts can give,
+        # the same vocabulary, and at 2**31 - 1 the process aborted (141 GB asked for).
+        vocab_size=min(vocab_size, largest_wordpiece_vocabulary(texts, min_frequency)),
         min_frequency=min_frequency,
         special_tokens=list(RESERVED_TOKENS),
         continuing_subword_prefix="##",
