@@ -297,6 +297,22 @@ def test_jit_compile_on_pytorch_warns_once_and_trains_like_the_eager_step():
 
 
 @torch_only
+def test_a_model_saved_with_jit_compile_loads_to_translate_without_a_word(tmp_path):
+    # A run trained on JAX or TensorFlow saves jit_compile=True with its compile settings:
+    # every `translate` of it on PyTorch printed the warning about training.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _compiled(True).save(tmp_path / "model.keras")
+        model = keras.saving.load_model(tmp_path / "model.keras")
+        model.translate(SOURCE, 1, max_length=3)
+        assert [str(w.message) for w in caught if "jit_compile" in str(w.message)] == []
+        x, y = _bucketed_batches()[0]
+        model.train_on_batch(x, y)  # training starts: said once
+        model.train_on_batch(x, y)
+    assert len([w for w in caught if "jit_compile=True on PyTorch" in str(w.message)]) == 1
+
+
+@torch_only
 def test_an_exported_loop_follows_a_body_that_changes_shapes_and_exports_a_steady_one_once():
     from keras_transformer.backend.torch_decoding import ExportedSearch
 

@@ -158,7 +158,9 @@ class Transformer(Translating, keras.Model):
     def jit_compile(self):
         """Whether the training step is compiled (Keras' `jit_compile`).
 
-        On PyTorch, `compile(jit_compile=True)` trains eagerly, with one warning. Keras
+        On PyTorch, `compile(jit_compile=True)` trains eagerly, with one warning when
+        training starts (none when a model saved so on another backend is only loaded
+        to translate). Keras
         compiles its PyTorch step with `torch.compile`; on this model TorchDynamo breaks
         the graph inside Keras' layer machinery and hits its recompile limit
         (keras-team/keras#21851, open): with Keras 3.15 and torch 2.13 the first step of
@@ -170,13 +172,7 @@ class Transformer(Translating, keras.Model):
     @jit_compile.setter
     def jit_compile(self, value):
         if value is True and keras.backend.backend() == "torch":
-            warnings.warn(
-                f"Model '{self.name}': jit_compile=True on PyTorch would wrap the training step in "
-                "torch.compile, which breaks the graph inside Keras' layers and is slower than eager "
-                "on this model (keras-team/keras#21851); training runs eagerly.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            self._eager_instead_of_jit = True  # said when training starts (`make_train_function`)
             value = False
         keras.Model.jit_compile.fset(self, value)
 
@@ -192,6 +188,15 @@ class Transformer(Translating, keras.Model):
 
     def make_train_function(self, force=False):
         self._build_training_state()
+        if getattr(self, "_eager_instead_of_jit", False):
+            self._eager_instead_of_jit = False
+            warnings.warn(
+                f"Model '{self.name}': jit_compile=True on PyTorch would wrap the training step in "
+                "torch.compile, which breaks the graph inside Keras' layers and is slower than eager "
+                "on this model (keras-team/keras#21851); training runs eagerly.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return super().make_train_function(force)
 
     def make_test_function(self, force=False):
