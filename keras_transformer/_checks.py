@@ -61,7 +61,7 @@ def length_penalties(where: str = "", *, max_length=None, **values) -> None:
     penalty `((5 + n) / 6)^alpha` overflows float32 for an output that long: every such
     hypothesis would score 0."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        if not _finite_real(value) or value < 0:
             raise ValueError(f"{where}`{name}` must be a finite number >= 0. Received: {name}={value!r}")
         if isinstance(max_length, int) and value * math.log((5 + max_length) / 6) >= _LOG_FLOAT32_MAX:
             largest = math.floor(10 * _LOG_FLOAT32_MAX / math.log((5 + max_length) / 6)) / 10
@@ -70,10 +70,21 @@ def length_penalties(where: str = "", *, max_length=None, **values) -> None:
                              f"most {largest}. Received: {name}={value!r}")
 
 
+def _finite_real(value) -> bool:
+    """A real number (not a bool) that a float holds finitely: an integer past float's range
+    (`10**400`) is not one, and `math.isfinite` would raise `OverflowError` for it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def numbers_above(where: str, bound: float, **values) -> None:
     """Refuse any value that is not a finite real number > `bound`."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= bound:
+        if not _finite_real(value) or value <= bound:
             raise ValueError(f"{where}`{name}` must be a finite number > {bound}. Received: {name}={value!r}")
 
 

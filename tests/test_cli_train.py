@@ -241,6 +241,7 @@ def test_version_is_the_installed_distributions(capsys):
      "argument --batch-tokens: must be at most 2147483647, got 99999999999999999999"),
     (["translate", "--beam-size", "2147483648", "x"], "argument --beam-size: must be in [1, 2147483647], got 2147483648"),
     (["translate", "--n-best", "\u0663", "x"], "argument --n-best: expected int >= 1, got '\u0663'"),
+    (["translate", "--beam-size", "1" + "0" * 400, "x"], "argument --beam-size: must be in [1, 2147483647], got 1000"),
     (["demo", "--train-size", "1e3"], "argument --train-size: expected an integer, got '1e3'"),
     (["train", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
     (["train", "--steps", "2", "--epochs", "3"], "argument --epochs: not allowed with argument --steps"),

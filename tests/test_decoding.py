@@ -188,7 +188,8 @@ def test_bad_arguments():
         source[0, 0] = bad
         with pytest.raises(ValueError, match=rf"`source_ids` must be in \[0, {vocab_size}\) \(vocab_size={vocab_size}\)"):
             model.translate(source)
-    for alpha in (float("nan"), float("inf"), "0.6", -0.5):  # -0.5 was accepted: the CLI refuses it
+    # -0.5 was accepted (the CLI refuses it); 10**400 raised OverflowError from math.isfinite.
+    for alpha in (float("nan"), float("inf"), "0.6", -0.5, 10**400):
         with pytest.raises(ValueError, match="`length_penalty` must be a finite number >= 0"):
             model.translate(_source(), length_penalty=alpha)
     with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):

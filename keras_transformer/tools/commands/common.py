@@ -106,7 +106,8 @@ def at_least(minimum, kind=int, maximum=None):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind.__name__} >= {minimum}, got {text!r}") from None
         finite = "a finite number " if kind is float else ""
-        if not math.isfinite(value) or value < minimum:  # "nan" and "inf" parse as floats
+        # "nan" and "inf" parse as floats; an int past float's range is not tested as one (OverflowError)
+        if (kind is float and not math.isfinite(value)) or value < minimum:
             raise argparse.ArgumentTypeError(f"must be {finite}>= {minimum}, got {text}")
         if maximum is not None and value > maximum:
             raise argparse.ArgumentTypeError(f"must be {finite}in [{minimum}, {maximum}], got {text}")
