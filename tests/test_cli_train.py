@@ -223,6 +223,25 @@ def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_t
         "--max-input-length\n")
 
 
+def test_a_backend_keras_does_not_have_or_that_cannot_train_is_one_line(tmp_path, monkeypatch, capsys):
+    # KERAS_BACKEND=JAX (Keras' names are lower case) raised "Unable to import backend : JAX"
+    # with a traceback; Keras' numpy backend raised NotImplementedError from `fit`.
+    for backend, argv, message in (
+        ("JAX", ["translate", "x"], "KERAS_BACKEND='JAX' is not a Keras backend: set it to one of tensorflow, jax, torch"),
+        ("numpy", ["train", "--output-dir", str(tmp_path / "run")],
+         "KERAS_BACKEND='numpy': Keras' numpy backend cannot train a model (it has no fit)"),
+    ):
+        monkeypatch.setenv("KERAS_BACKEND", backend)
+        assert cli.check(cli.parse(argv)) == 2
+        err = capsys.readouterr().err
+        assert err == f"keras-transformer {argv[0]}: error: {message}" + ("; set it to one of tensorflow, jax, torch\n"
+                                                                         if backend == "numpy" else "\n"), err
+    for backend, command in (("numpy", "translate"), ("", "train")):  # a model runs; empty is Keras' default
+        monkeypatch.setenv("KERAS_BACKEND", backend)
+        cli.check_backend(command)
+    assert not (tmp_path / "run").exists()
+
+
 def test_version_is_the_installed_distributions(capsys):
     import keras_transformer
 

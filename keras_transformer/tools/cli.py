@@ -90,11 +90,32 @@ def checked(args) -> tuple[argparse.Namespace | None, int | None]:
     gets; or `(None, 2)` after one `error:` line. The parsed namespace is not changed."""
     checker = getattr(args, "check", None)
     try:
+        check_backend(args.command)
         derived = checker(args) if checker is not None else None
     except (RunError, RunDirError) as e:
         _print_error(args, e)
         return None, 2
     return argparse.Namespace(**{**vars(args), **(derived or {})}), None
+
+
+# The backends keras-transformer runs on and is tested on; Keras also has "numpy" and
+# "openvino", which run a model but cannot train one (no `fit`).
+BACKENDS = ("tensorflow", "jax", "torch")
+_TRAINING_COMMANDS = ("train", "demo", "launch")
+
+
+def check_backend(command: str) -> None:
+    """Refuse a `KERAS_BACKEND` that Keras does not know (it raised "Unable to import
+    backend : foo" with a traceback once the command had started) or, for the commands
+    that train, one that cannot train."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if not backend or backend in BACKENDS:  # unset or empty: Keras' own default
+        return
+    if backend not in ("numpy", "openvino"):
+        raise RunError(f"KERAS_BACKEND={backend!r} is not a Keras backend: set it to one of {', '.join(BACKENDS)}")
+    if command in _TRAINING_COMMANDS:
+        raise RunError(f"KERAS_BACKEND={backend!r}: Keras' {backend} backend cannot train a model (it has no fit); "
+                       f"set it to one of {', '.join(BACKENDS)}")
 
 
 def run(args, settings: argparse.Namespace | None = None) -> int:
