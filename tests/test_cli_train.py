@@ -171,6 +171,21 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
         patch.setattr(os, "access", lambda *args, **kwargs: False)
         assert cli.main(["train", "--output-dir", str(tmp_path / "new" / "run"), "--steps", "1"]) == 2
         assert f"{tmp_path} is not writable by this user" in capsys.readouterr().err
+    # A name past the file system's 255 bytes, or a loop of links: the system refuses to look
+    # (OSError from the checks, a traceback before), and the command says so in one line.
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    for argv, message in ((["train", "--output-dir", str(tmp_path / ("a" * 300) / "run")], "File name too long: "),
+                          (["evaluate", "--run-dir", str(tmp_path / ("a" * 300))], "File name too long: "),
+                          # Found after the corpus and the vocabulary were made (status 1).
+                          (["train", "--output-dir", str(tmp_path / "loop_a" / "run")],
+                           f"--output-dir {tmp_path / 'loop_a' / 'run'}: {tmp_path / 'loop_a'} is a link that cannot "
+                           "be followed (Too many levels of symbolic links)"),
+                          (["translate", "--run-dir", run, "--output", str(tmp_path / "loop_a"), "x"],
+                           f"--output {tmp_path / 'loop_a'}: {tmp_path / 'loop_a'} is a link that cannot be followed")):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"keras-transformer {argv[0]}: error: {message}"), err
     # A folder the permissions allow but the file system refuses (read-only, or /proc).
     def refused(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -181,7 +196,7 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"nothing can be written in {tmp_path} (Read-only file system)" in err, err
-    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "loop_a", "loop_b"]
 
 
 def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_traceback(capsys):

@@ -95,6 +95,12 @@ def checked(args) -> tuple[argparse.Namespace | None, int | None]:
     except (RunError, RunDirError) as e:
         _print_error(args, e)
         return None, 2
+    except OSError as e:
+        if e.errno is None:
+            raise
+        # A path the system refuses to look at (a name past 255 bytes, a loop of links).
+        _print_error(args, f"{e.strerror or e}: {e.filename}" if e.filename is not None else e)
+        return None, 2
     return argparse.Namespace(**{**vars(args), **(derived or {})}), None
 
 
