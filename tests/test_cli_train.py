@@ -56,6 +56,8 @@ def _bad_input_cases(tmp_path):
         (["--tsv", write("bad.tsv", "a\tb\nno tab\n")], r"bad.tsv, line 2: expected 'source<TAB>target'"),
         (["--tsv", write("bytes.tsv", b"a\tb\n\xc3\x28\tx\n")], r"bytes.tsv, line 2: not valid UTF-8"),
         (["--tsv", write("nul.tsv", b"a\tb\nc\t\x00\n")], r"nul.tsv, line 2: a NUL byte, which text never holds"),
+        # Windows' "Unicode" text: every other byte is NUL, which said "binary data, not text".
+        (["--tsv", write("utf16.tsv", "a\tb\n".encode("utf-16"))], r"utf16.tsv is UTF-16 text .*: save it as UTF-8$"),
         (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 empty lines skipped"),
         (["--tsv", str(tmp_path)], r"is a directory, not a file"),
         # Every process reads the corpus, and a resumed run reads it again: a pipe cannot give it twice.

@@ -235,6 +235,8 @@ def _refuse_nul(data: bytes, name, lines_before: int = 0) -> None:
     nul = data.find(b"\0")
     if nul >= 0:
         line = lines_before + data.count(b"\n", 0, nul) + 1
+        if lines_before == 0 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # Windows' "Unicode" text
+            raise CorpusError(f"{name} is UTF-16 text (it starts with UTF-16's byte-order mark): save it as UTF-8")
         raise CorpusError(f"{name}, line {line}: a NUL byte, which text never holds: binary data, not text")
 
 
