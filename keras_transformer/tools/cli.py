@@ -171,13 +171,9 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
 
 
 # What each command can be asked to do with less memory.
-_MEMORY_ADVICE = {
-    "translate": "give a smaller --batch-size, --beam-size or --max-input-length",
-    "evaluate": "give a smaller --batch-size, --beam-size or --max-input-length",
-    "train": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
-    "demo": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
-    "launch": "give a smaller --batch-tokens (or --max-length, or a smaller model)",
-}
+_LESS_DECODING = "give a smaller --batch-size, --beam-size or --max-input-length"
+_LESS_TRAINING = "give a smaller --batch-tokens (or --max-length, or a smaller model)"
+_MEMORY_ADVICE = {"translate": _LESS_DECODING, "evaluate": _LESS_DECODING, **dict.fromkeys(_TRAINING_COMMANDS, _LESS_TRAINING)}
 
 
 def main(argv=None) -> int:
