@@ -258,12 +258,13 @@ def test_the_command_line_is_quiet_and_reads_any_line_ending(demo, tmp_path):
 @only_on("jax", "what the command prints is its own code; each backend's out-of-memory error is recognised in "
                 "test_compiled_search, in every suite (provoked here, TensorFlow's allocator retries for 10 s)")
 def test_running_out_of_memory_is_one_line_naming_the_flags_that_ask_for_less(demo):
-    # A beam of a hundred thousand asks for 11 GB and more on every backend: each backend's
-    # out-of-memory error (XLA's, TensorFlow's, PyTorch's CPU allocator's) was a traceback
-    # and "internal error (a bug in keras-transformer)", and on TensorFlow the compiled
-    # search's failure made it search again, eagerly, before running out again.
-    result = _console("translate", "--run-dir", str(demo / "run"), "--beam-size", "100000", "seven",
-                      env_set={"TF_CPP_MIN_LOG_LEVEL": "2"}, memory=4 << 30)
+    # A beam of a million asks for 12 GB and more on every backend (115 GB on JAX): each
+    # backend's out-of-memory error (XLA's, TensorFlow's, PyTorch's CPU allocator's) was a
+    # traceback and "internal error (a bug in keras-transformer)", and on TensorFlow the
+    # compiled search's failure made it search again, eagerly, before running out again.
+    # (The process itself needs 3-4 GB of address space to start.)
+    result = _console("translate", "--run-dir", str(demo / "run"), "--beam-size", "1000000", "seven",
+                      env_set={"TF_CPP_MIN_LOG_LEVEL": "2"}, memory=8 << 30)
     err = result.stderr.decode()
     assert result.returncode == 1 and err.count("\n") == 1, err[-3000:]
     assert err.startswith("keras-transformer translate: error: out of memory (") and err.endswith(
