@@ -100,6 +100,7 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),
+        (["--input", str(tmp_path / ("a" * 300))], "File name too long"),  # was status 1, after loading the model
         (["--input", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file (a device, a pipe"),

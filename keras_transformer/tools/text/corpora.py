@@ -196,8 +196,12 @@ def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
     With `streams`, also a pipe or a device read once to its end (`/dev/null`, a shell's
     `<(command)`); without, a regular file only: a training corpus is read by every
     process of a run and again when a run resumes, which a pipe cannot give twice."""
-    if not path.exists():
-        raise CorpusError(f"File not found: {path}")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise CorpusError(f"File not found: {path}") from None
+    except OSError as e:  # a name past 255 bytes, a loop of links
+        raise CorpusError(f"{path}: {e.strerror or e}") from None
     if path.is_dir():
         raise CorpusError(f"{path} is a directory, not a file")
     if not streams and not path.is_file():
