@@ -101,12 +101,11 @@ def creation_problem(path, run_dir=None) -> str | None:
         return ("it is not a regular file (a device, a pipe or a socket), and the output is written under a "
                 "temporary name and renamed into place")
     place = next(p for p in (path, *path.parents) if os.path.lexists(p))  # the nearest that exists
-    if not os.path.exists(place):  # a link: round in a loop, or (a folder above) to nothing
-        try:
-            os.stat(place)
-        except OSError as e:  # an output that is a link to a file not yet there is written through
-            if place != path or e.errno == errno.ELOOP:
-                return f"{place} is a link that cannot be followed ({e.strerror or e})"
+    try:  # it exists; followed, a link may lead round in a loop or (a folder above) to nothing
+        os.stat(place)
+    except OSError as e:  # an output that is a link to a file not yet there is written through
+        if place != path or e.errno == errno.ELOOP:
+            return f"{place} is a link that cannot be followed ({e.strerror or e})"
     if place != path and not os.path.isdir(place):
         return f"{place} is a file, not a directory"
     folder = place if os.path.isdir(place) else place.parent  # a file is replaced beside itself

@@ -49,6 +49,8 @@ def nfc_rules() -> str:
     return "\n".join(lines) + "\n"
 
 
+# Unicode's code points: no text holds more distinct characters.
+CODE_POINTS = 0x110000
 # SentencePiece's unigram trainer starts from at most this many seed pieces (its default
 # `seed_sentencepiece_size`), substrings of at most 16 characters (`max_sentencepiece_length`).
 SEED_PIECES = 1_000_000
@@ -61,7 +63,7 @@ def largest_sentencepiece_vocabulary(texts: list[str]) -> int:
     vocabulary, in time that grows with the size asked for, and past about 1.95e9 (the
     size times 1.1 overflows an int32) it never returns."""
     characters = sum(len(text) for text in texts)
-    return min(SEED_PIECES, 16 * characters) + min(characters, 0x110000) + 256 + len(RESERVED_TOKENS)
+    return min(SEED_PIECES, 16 * characters) + min(characters, CODE_POINTS) + 256 + len(RESERVED_TOKENS)
 
 
 def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
@@ -110,7 +112,7 @@ def largest_wordpiece_vocabulary(texts: list[str], min_frequency: int) -> int:
     takes a pair seen at least `min_frequency` times and so removes at least that many
     pieces from the texts' words, which start as at most their characters."""
     characters = sum(len(text) for text in texts)
-    return len(RESERVED_TOKENS) + 2 * min(characters, 0x110000) + characters // max(1, min_frequency)
+    return len(RESERVED_TOKENS) + 2 * min(characters, CODE_POINTS) + characters // max(1, min_frequency)
 
 
 def learn_with_tokenizers(texts: list[str], vocab_size: int, min_frequency: int) -> list[str]:
