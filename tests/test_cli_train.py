@@ -60,6 +60,8 @@ def _bad_input_cases(tmp_path):
         (["--tsv", write("utf16.tsv", "a\tb\n".encode("utf-16"))], r"utf16.tsv is UTF-16 text .*: save it as UTF-8$"),
         (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 empty lines skipped"),
         (["--tsv", str(tmp_path)], r"is a directory, not a file"),
+        # A name in another encoding (Python keeps its bytes as surrogates) failed writing config.json.
+        (["--tsv", "caf\udce9.tsv"], r"error: --tsv is not UTF-8: b'caf\\xe9.tsv'; .* rename the file"),
         # Every process reads the corpus, and a resumed run reads it again: a pipe cannot give it twice.
         (["--tsv", fifo(tmp_path / "pipe.tsv")], r"Not a regular file: .*pipe.tsv"),
         (["--source-file", write("cut.gz", full[: len(full) // 2]), "--target-file", src], r"cut.gz is not a complete gzip file"),
@@ -201,12 +203,14 @@ def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(t
     assert sorted(os.listdir(tmp_path)) == ["a_file", "loop_a", "loop_b"]
 
 
-def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_traceback(capsys):
-    def failing(error):
-        def handler(settings):
-            raise error
-        return argparse.Namespace(handler=handler)
+def failing(error):
+    """The settings of a command whose handler raises `error`."""
+    def handler(settings):
+        raise error
+    return argparse.Namespace(handler=handler)
 
+
+def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_traceback(capsys):
     args = argparse.Namespace(command="train", verbose=False)
     full = OSError(errno.ENOSPC, "No space left on device", "runs/x/checkpoints/epoch-3.weights.h5")
     assert cli.run(args, failing(full)) == 1
@@ -238,6 +242,39 @@ def test_a_refused_write_or_memory_running_out_is_one_line_and_a_bug_keeps_its_t
         "keras-transformer translate: error: out of memory (RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == "
         "0. DefaultCPUAllocator: can't allocate memory); give a smaller --batch-size, --beam-size or "
         "--max-input-length\n")
+
+
+def test_an_argument_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    # TensorFlow raised "Error converting unicode string" for such a text or output directory.
+    for argv, what in ((["translate", "--run-dir", str(tmp_path), "ok", "\udcff\udcfe abc"], "a TEXT to translate"),
+                       (["train", "--output-dir", str(tmp_path / "\udcfe")], "--output-dir"),
+                       (["launch", "--processes", "2", "--", "train", "--tsv", "\udcff.tsv"], "an argument of train")):
+        assert cli.check(cli.parse(argv)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"keras-transformer {argv[0]}: error: {what} is not UTF-8: b'") and err.count("\n") == 1, err
+    cli.check_utf8(cli.parse(["translate", "--run-dir", str(tmp_path), "caf\u00e9 \U0001f600"]))  # any UTF-8 passes
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(monkeypatch, capsys):
+    def printing(settings):
+        for i in range(3):
+            print(f"line {i}", flush=True)
+        return 0
+
+    args = argparse.Namespace(command="translate", verbose=False)
+    read, write = os.pipe()
+    os.close(read)  # `keras-transformer translate ... | head -1`: the reader has gone
+    with os.fdopen(write, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert cli.run(args, argparse.Namespace(handler=printing)) == 1
+        assert capsys.readouterr().err == ""  # no traceback, no "Broken pipe"
+        print("dropped", file=closed, flush=True)  # what is left goes to the null device, without a second error
+    # A broken pipe that is not the output's (its reader is still there) is the system's refusal: one line.
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as open_pipe, os.fdopen(read):
+        monkeypatch.setattr(sys, "stdout", open_pipe)
+        assert cli.run(args, failing(BrokenPipeError(errno.EPIPE, "Broken pipe"))) == 1
+        assert capsys.readouterr().err == "keras-transformer translate: error: Broken pipe\n"
 
 
 def test_a_backend_keras_does_not_have_or_that_cannot_train_is_one_line(tmp_path, monkeypatch, capsys):

@@ -90,6 +90,7 @@ def checked(args) -> tuple[argparse.Namespace | None, int | None]:
     gets; or `(None, 2)` after one `error:` line. The parsed namespace is not changed."""
     checker = getattr(args, "check", None)
     try:
+        check_utf8(args)
         check_backend(args.command)
         derived = checker(args) if checker is not None else None
     except (RunError, RunDirError) as e:
@@ -102,6 +103,27 @@ def checked(args) -> tuple[argparse.Namespace | None, int | None]:
         _print_error(args, f"{e.strerror or e}: {e.filename}" if e.filename is not None else e)
         return None, 2
     return argparse.Namespace(**{**vars(args), **(derived or {})}), None
+
+
+# Positional arguments, named in an error by what they hold rather than by a flag.
+_POSITIONAL = {"texts": "a TEXT to translate", "train_argv": "an argument of train"}
+
+
+def check_utf8(args) -> None:
+    """Refuse an argument that is not UTF-8: a file name or a text in another encoding
+    (Python keeps its bytes as lone surrogates). Paths and texts go into UTF-8 files
+    (config.json) and TensorFlow strings, which raised UnicodeEncodeError or "Error
+    converting unicode string" from inside the command."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                what = _POSITIONAL.get(name, f"--{name.replace('_', '-')}")
+                raise RunError(f"{what} is not UTF-8: {item.encode('utf-8', 'surrogateescape')!r}; keras-transformer "
+                               "writes paths and texts as UTF-8, so rename the file or give the text in UTF-8") from None
 
 
 # The backends keras-transformer runs on and is tested on; Keras also has "numpy" and
@@ -149,6 +171,8 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        if isinstance(e, BrokenPipeError) and _reader_gone(sys.stdout):
+            return 1  # the reader of the output stopped reading (`| head`): nothing to report
         if isinstance(e, OSError) and e.errno is not None:
             # The system refused a read or write (a full disk, a file that went away): one line.
             paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
@@ -168,6 +192,27 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         print(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
               "it with the command line and the traceback above.", file=sys.stderr)
         return 1
+
+
+def _reader_gone(stream) -> bool:
+    """Whether `stream` is a pipe whose reading end was closed. If so, its descriptor is
+    pointed at the null device, so that what is left in its buffer is dropped at exit
+    instead of raising BrokenPipeError again (Python's advice in the `signal` module's
+    notes on SIGPIPE)."""
+    import select
+
+    try:
+        fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(event & select.POLLERR for _, event in poller.poll(0)):
+            return False
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (AttributeError, OSError, ValueError):  # not a file with a descriptor
+        return False
+    return True
 
 
 # What each command can be asked to do with less memory.
