@@ -118,9 +118,12 @@ def test_n_best_lists_the_beam_best_first(demo, capsys):
     from keras_transformer.tools import evaluation
 
     run = str(demo / "run")
-    assert cli.main(["translate", "--run-dir", run, "--beam-size", "3", "--n-best", "3", "seven", "forty-two"]) == 0
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "3", "--n-best", "3", "seven", "", "forty-two"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "0", "1", "1", "1"]
+    # Every input has its entry: an empty one, one empty translation (empty in, empty out).
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "0", "1", "2", "2", "2"]
+    assert lines[3] == "1 |||  ||| 0.0000"
+    lines = lines[:3] + lines[4:]
     for sentence in (lines[:3], lines[3:]):
         scores = [float(line.split(" ||| ")[2]) for line in sentence]
         assert scores == sorted(scores, reverse=True)

@@ -112,8 +112,10 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     `batch_size x beam_size x (longest source + max_extra_length)` within
     `DECODE_BATCH_TOKENS`, at most `DECODE_MAX_BATCH`. With `n_best=n >= 1`, each result
     is instead the list of the `n` best `(translation, score)` pairs of the beam, best
-    first (`n <= beam_size`). A text longer than `max_input_length` tokens is cut to its
-    first `max_input_length` (with one `UserWarning` for the call; `None`: no limit).
+    first (`n <= beam_size`). An empty text (or one with no tokens) translates to `""`, or
+    with `n_best` to `[("", 0.0)]`: one empty translation, so that every text has an entry. A
+    text longer than `max_input_length` tokens is cut to its first `max_input_length` (with
+    one `UserWarning` for the call; `None`: no limit).
     """
     check_special_ids(model, tokenizer)
     _checks.positive_ints(batch_size=batch_size, max_input_length=max_input_length, optional=True)
@@ -137,7 +139,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
         # One batch size for the whole call: few shapes to compile.
         longest = -(-max(len(row) for row in ids) // 8) * 8 + max_extra_length
         batch_size = max(1, min(DECODE_MAX_BATCH, DECODE_BATCH_TOKENS // (max(beam_size, 1) * max(longest, 1))))
-    results = [[] if n_best else ""] * len(texts)
+    results = [[("", 0.0)] if n_best else ""] * len(texts)
     for start in range(0, len(order), batch_size):
         chunk = [i for i in order[start : start + batch_size] if len(ids[i])]
         if not chunk:
