@@ -93,9 +93,21 @@ def positive_numbers(where: str = "", **values) -> None:
     numbers_above(where, 0, **values)
 
 
-def beam(beam_size, num_hypotheses) -> None:
-    """Refuse a beam size below 1 or a number of hypotheses outside [1, beam_size]."""
+def largest_beam(vocab_size: int) -> int:
+    """The largest beam a search over `vocab_size` tokens can keep: each step takes the
+    top-k of `beam_size * vocab_size` candidates, whose indices are int32 on every backend
+    (JAX refuses a larger top-k; TensorFlow and PyTorch run out of memory first)."""
+    return max(1, MAX_INT // vocab_size)
+
+
+def beam(beam_size, num_hypotheses, vocab_size: int | None = None) -> None:
+    """Refuse a beam size below 1 (or, given `vocab_size`, above `largest_beam`) or a number
+    of hypotheses outside [1, beam_size]."""
     positive_ints(beam_size=beam_size)
+    if vocab_size is not None and beam_size > largest_beam(vocab_size):
+        raise ValueError(f"`beam_size` times the vocabulary size must be at most {MAX_INT} (the search's top-k "
+                         f"indexes beam_size x vocab_size candidates in int32): at most {largest_beam(vocab_size)} "
+                         f"for vocab_size={vocab_size}. Received: beam_size={beam_size}")
     if isinstance(num_hypotheses, bool) or not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
         raise ValueError(
             f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "

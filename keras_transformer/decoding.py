@@ -185,7 +185,8 @@ def beam_search(
         axis=2,
     )  # (N, k, 1 + L)
     # Only the first beam is live at the start, so the first step expands one hypothesis.
-    alive_logp = ops.tile(ops.convert_to_tensor([[0.0] + [_NEG_INF] * (k - 1)], "float32"), (batch_size, 1))
+    # (Built with ops, not a Python list of k floats: a beam of 2**31 made 17 GB of list.)
+    alive_logp = ops.tile(ops.where(ops.arange(k) == 0, 0.0, _NEG_INF)[None, :], (batch_size, 1))
     finished_seq = sequences
     finished_score = ops.full((batch_size, k), _NEG_INF, "float32")
 

@@ -309,6 +309,14 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     assert cli.main(["translate", "--run-dir", run]) == 2
     assert capsys.readouterr().err.strip().endswith("standard input, line 3: a NUL byte, which text never holds: "
                                                     "binary data, not text")
+    # Beam x vocabulary candidates are ranked with int32 indices: a larger beam failed inside
+    # JAX, or the process was killed for memory.
+    for command in (["translate", "seven"], ["evaluate"], ["export", "--output", str(tmp_path / "sm")]):
+        assert cli.main([command[0], "--run-dir", run, "--beam-size", "2147483647", *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"keras-transformer {command[0]}: error: --beam-size 2147483647 is more than a search "
+                            r"over this run's \d+ vocabulary pieces can keep .*: give a --beam-size of at most "
+                            r"[\d,]+\n", err), err
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(empty), "--target-file", str(empty)]) == 2

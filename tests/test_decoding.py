@@ -177,7 +177,12 @@ def test_bad_arguments():
                               (dict(max_length=5, min_length=6), "`min_length` must be at most the longest output, 5"),
                               # int32 sizes in every engine: a larger one failed inside the backend.
                               (dict(max_length=2**31), r"`max_length` must be at most 2147483647 \(the engines"),
-                              (dict(beam_size=2**40), r"`beam_size` must be at most 2147483647")):
+                              (dict(beam_size=2**40), r"`beam_size` must be at most 2147483647"),
+                              # The top-k of beam x vocabulary candidates has int32 indices: JAX refused it
+                              # inside the compiled search, and the eager one built a 17 GB Python list.
+                              (dict(beam_size=2**31 // model.vocab_size + 1),
+                               rf"`beam_size` times the vocabulary size must be at most 2147483647 .*: at most "
+                               rf"{2**31 // model.vocab_size} for vocab_size={model.vocab_size}\.")):
         with pytest.raises(ValueError, match=message):
             model.translate(_source(), **settings)
     with pytest.raises(ValueError, match=r"at least one position per row. Received: shape=\(3, 0\)"):

@@ -176,7 +176,8 @@ def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, 
     assert "not a ctranslate2 export" in files.replacement_problem(exported[0], "ctranslate2")
     for settings, message in ((dict(max_extra_length=-1), "`max_extra_length` must be an integer >= 0"),
                               (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number"),
-                              (dict(length_penalty=10.5), "`length_penalty` must be at most 10.0 in a SavedModel")):
+                              (dict(length_penalty=10.5), "`length_penalty` must be at most 10.0 in a SavedModel"),
+                              (dict(beam_size=2**31 // model.vocab_size + 1), "`beam_size` times the vocabulary size")):
         with pytest.raises(ValueError, match=message):
             kt.export.export_translator(model, tokenizer, tmp_path / "new", **settings)
     with pytest.raises(ValueError, match="`batch_size` must be a positive integer or None"):

@@ -132,7 +132,7 @@ class Translating:
             scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
             best first, and `(B, n)` scores.
         """
-        _checks.beam(beam_size, num_hypotheses)
+        _checks.beam(beam_size, num_hypotheses, self.vocab_size)
         source_ids = ops.convert_to_tensor(source_ids)
         if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
             raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")

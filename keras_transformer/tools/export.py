@@ -56,7 +56,7 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
     from keras_transformer.tools.evaluation import check_special_ids
 
     check_special_ids(model, tokenizer)  # a ValueError naming both values
-    _checks.positive_ints(beam_size=beam_size)
+    _checks.beam(beam_size, 1, model.vocab_size)
     _checks.length_penalties(length_penalty=length_penalty)
     if length_penalty > MAX_LENGTH_PENALTY:  # a SavedModel takes inputs of any length
         raise ValueError(f"`length_penalty` must be at most {MAX_LENGTH_PENALTY} in a SavedModel, which translates "

@@ -45,6 +45,24 @@ def check_not_an_input(flag: str, output, inputs: dict) -> None:
                            f"it holds. Give another {flag}")
 
 
+def load_run(args):
+    """The run's `(model, tokenizer)` for a command that searches (`--run-dir`, `--model`,
+    `--quantize`), refusing a `--beam-size` larger than the search can keep for this
+    vocabulary (`_checks.largest_beam`: a larger top-k failed inside JAX, or ran out of
+    memory)."""
+    from keras_transformer._checks import largest_beam
+    from keras_transformer.tools import evaluation
+    from keras_transformer.tools.config import RunError
+
+    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
+    largest = largest_beam(model.vocab_size)
+    if args.beam_size > largest:
+        raise RunError(f"--beam-size {args.beam_size} is more than a search over this run's {model.vocab_size:,} "
+                       f"vocabulary pieces can keep (beam x vocabulary candidates are ranked with int32 indices): "
+                       f"give a --beam-size of at most {largest:,}")
+    return model, tokenizer
+
+
 def _same_file(a, b) -> bool:
     """Whether two paths name one file (also through links or another spelling)."""
     try:

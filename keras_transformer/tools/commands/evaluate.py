@@ -6,7 +6,7 @@ import os
 import pathlib
 
 from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
-                                                      decoding_flags, quantize_flag, run_dir_flag)
+                                                      decoding_flags, load_run, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import run_model_file
 
@@ -57,7 +57,7 @@ def run(args) -> int:
     from keras_transformer.tools.run_setup import check_corpus_unchanged, load_corpus
 
     out = args.hypotheses
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
+    model, tokenizer = load_run(args)
     if args.source_file:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file, streams=True)
         name = "files"

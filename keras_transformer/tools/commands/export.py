@@ -6,8 +6,8 @@ import os
 import pathlib
 
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_INPUT_LENGTH
-from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, quantize_flag,
-                                                      run_dir_flag)
+from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, load_run,
+                                                      quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import replacement_problem, run_model_file, tokenizer_kind
 
@@ -78,9 +78,9 @@ def check_replaceable(output, format) -> None:
 
 
 def run(args) -> int:
-    from keras_transformer.tools import evaluation, export
+    from keras_transformer.tools import export
 
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
+    model, tokenizer = load_run(args)
     if args.format == "ctranslate2":
         from keras_transformer.tools.ctranslate2_export import (
             CTranslate2Error,

@@ -6,7 +6,7 @@ import pathlib
 import sys
 
 from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
-                                                      decoding_flags, fit_verbosity, quantize_flag, run_dir_flag)
+                                                      decoding_flags, fit_verbosity, load_run, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file
 
@@ -64,7 +64,7 @@ def run(args) -> int:
     else:
         stdin = "standard input"
         texts = args.texts or corpora.decode_lines(corpora.read_stream(sys.stdin.buffer, stdin), stdin)
-    model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
+    model, tokenizer = load_run(args)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
     chunk_size = (args.batch_size or 64) * (16 if output else 4)
