@@ -128,4 +128,12 @@ def texts(value, name: str = "texts") -> list:
     wrong = next(((i, t) for i, t in enumerate(value) if not isinstance(t, (str, bytes))), None)
     if wrong is not None:
         raise TypeError(f"`{name}` must be strings. Received: {name}[{wrong[0]}]={wrong[1]!r:.60}")
+    # TensorFlow's strings are UTF-8: a str with lone surrogates (bytes of another encoding
+    # decoded with surrogateescape) failed inside it, and invalid UTF-8 bytes translated to "".
+    for i, text in enumerate(value):
+        try:
+            text.decode("utf-8") if isinstance(text, bytes) else text.encode("utf-8")
+        except UnicodeError as e:
+            raise ValueError(f"`{name}` must be UTF-8 text. Received: {name}[{i}]={text!r:.60} ({e.reason} at "
+                             f"position {e.start})") from None
     return value

@@ -483,6 +483,14 @@ def test_text_functions_refuse_a_bare_string_and_scores_need_one_hypothesis_per_
         evaluation.translate_texts(model, tokenizer, "forty-two")
     with pytest.raises(TypeError, match="`references` must be a list of strings"):
         evaluation.score(["a b"], "a b")
+    # Not UTF-8: invalid bytes translated to "", and lone surrogates (a file name read with
+    # surrogateescape) failed inside TensorFlow's string conversion.
+    for texts, shown in (([b"seven", b"caf\xe9"], r"texts\[1\]=b'caf\\xe9' \(unexpected end of data at position 3\)"),
+                         (["ok", "\udcff abc"], r"texts\[1\]='\\udcff abc' \(surrogates not allowed at position 0\)")):
+        with pytest.raises(ValueError, match=rf"`texts` must be UTF-8 text. Received: {shown}"):
+            evaluation.translate_texts(model, tokenizer, texts)
+    ids = tokenizer.tokenize_dense([b"caf\xc3\xa9 forty-two", "caf\u00e9 forty-two"]).numpy()  # UTF-8 bytes pass
+    assert (ids[0] == ids[1]).all()
     for hypotheses, references in ((["a"], ["a", "b"]), ([], [])):
         with pytest.raises(ValueError, match=f"one hypothesis per reference, at least one. Received: "
                                              f"{len(hypotheses)} hypotheses, {len(references)} references"):
