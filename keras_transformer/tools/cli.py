@@ -172,6 +172,7 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         return 130
     except Exception as e:
         if isinstance(e, BrokenPipeError) and _reader_gone(sys.stdout):
+            _drop_unwritten(sys.stdout)
             return 1  # the reader of the output stopped reading (`| head`): nothing to report
         if isinstance(e, OSError) and e.errno is not None:
             # The system refused a read or write (a full disk, a file that went away): one line.
@@ -195,24 +196,26 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
 
 
 def _reader_gone(stream) -> bool:
-    """Whether `stream` is a pipe whose reading end was closed. If so, its descriptor is
-    pointed at the null device, so that what is left in its buffer is dropped at exit
-    instead of raising BrokenPipeError again (Python's advice in the `signal` module's
-    notes on SIGPIPE)."""
+    """Whether `stream` is a pipe whose reading end was closed (its descriptor polls as an error)."""
     import select
 
     try:
-        fd = stream.fileno()
         poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        if not any(event & select.POLLERR for _, event in poller.poll(0)):
-            return False
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, fd)
-        os.close(null)
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
     except (AttributeError, OSError, ValueError):  # not a file with a descriptor
         return False
-    return True
+
+
+def _drop_unwritten(stream) -> None:
+    """Point `stream`'s descriptor at the null device, so that what is left in its buffer is
+    dropped at exit instead of raising BrokenPipeError again (Python's advice in the
+    `signal` module's notes on SIGPIPE)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)
 
 
 # What each command can be asked to do with less memory.
