@@ -187,6 +187,13 @@ def test_bad_arguments():
             model.translate(_source(), **settings)
     with pytest.raises(ValueError, match=r"at least one position per row. Received: shape=\(3, 0\)"):
         model.translate(_source()[:, :0])
+    # Ids of another kind, as a list, a NumPy array or a tensor: the same sentence on every
+    # backend (strings failed inside JAX's and PyTorch's conversion, each its own way).
+    for ids, dtype in ((np.array([["a", "b"]]), "<U1"), ([[5.0, 6.0]], "float64"), ([[True]], "bool"),
+                       (np.array([[5, None]]), "object"), (keras.ops.ones((1, 2)), "float32")):
+        with pytest.raises(ValueError, match=rf"^`source_ids` must be integer token ids. Received: dtype={dtype}$"):
+            model.translate(ids)
+    assert model.translate([[5, 6]], max_length=3).shape == (1, 3)  # a list of ints is ids
     vocab_size = model.vocab_size
     for bad in (vocab_size, -1):
         source = _source().copy()

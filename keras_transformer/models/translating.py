@@ -9,6 +9,7 @@ output ids is here. It needs from the model `init_cache`, `step`, `uncached_step
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer import _checks, decoding
@@ -23,6 +24,22 @@ def first_search_length(source_length):
     if isinstance(source_length, int):
         return source_length + max(16, source_length // 2)
     return source_length + ops.maximum(16, source_length // 2)
+
+
+def _integer_ids(source_ids):
+    """`source_ids` as a tensor, refused unless its dtype is an integer one. A list or a
+    NumPy array is checked before the backend converts it: strings or objects fail
+    differently inside each backend's conversion."""
+    if ops.is_tensor(source_ids):
+        dtype = keras.backend.standardize_dtype(source_ids.dtype)
+        integer = "int" in dtype
+    else:
+        source_ids = np.asarray(source_ids)
+        dtype = source_ids.dtype
+        integer = dtype.kind in "iu"
+    if not integer:
+        raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={dtype}")
+    return ops.convert_to_tensor(source_ids)
 
 
 class Translating:
@@ -133,9 +150,7 @@ class Translating:
             best first, and `(B, n)` scores.
         """
         _checks.beam(beam_size, num_hypotheses, self.vocab_size)
-        source_ids = ops.convert_to_tensor(source_ids)
-        if "int" not in keras.backend.standardize_dtype(source_ids.dtype):
-            raise ValueError(f"`source_ids` must be integer token ids. Received: dtype={source_ids.dtype}")
+        source_ids = _integer_ids(source_ids)
         if len(source_ids.shape) != 2:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
         _checks.positive_ints(max_length=max_length, optional=True)
