@@ -139,6 +139,102 @@ def test_n_best_lists_the_beam_best_first(demo, capsys):
     assert "--n-best 3 is more than the --beam-size 2 hypotheses" in capsys.readouterr().err
 
 
+@only_on("torch", "how the command reads standard input is its own code; the search under it is checked in "
+                  "test_evaluate_and_translate, on every backend")
+def test_standard_input_is_translated_as_it_comes(demo, monkeypatch, capsys):
+    """Standard input is read in chunks, each translated before the next is read: a pipe
+    that never ends (`tail -f log | keras-transformer translate`) gets its translations."""
+    from keras_transformer.tools import evaluation
+
+    run = str(demo / "run")
+    texts = ["seven", "three", "", "nine", "five", "six"] * 3  # short, alike: few search shapes to compile
+    data = "\r\n".join(texts).encode() + b"\n"
+    read = []
+
+    class Pipe(io.BytesIO):  # gives at most 5 bytes a read: lines and line breaks are cut across reads
+        def read1(self, size=-1):
+            chunk = super().read1(5)
+            read.append(self.tell())
+            return chunk
+
+    translate_texts = evaluation.translate_texts
+    chunks = []
+
+    def recording(model, tokenizer, chunk, *args, **kwargs):
+        chunks.append((len(chunk), read[-1]))  # the chunk's size, and how much of the input was read by then
+        return translate_texts(model, tokenizer, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "translate_texts", recording)
+    # A line that is not UTF-8 after four chunks of 4 and two lines (--batch-size 1: chunks of
+    # 4 lines on standard output): their translations, then one line naming it.
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(Pipe(data + b"caf\xe9\n")))
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--batch-size", "1"]) == 2
+    piped = capsys.readouterr()
+    assert piped.err.strip().endswith(f"standard input, line {len(texts) + 1}: not valid UTF-8 (byte 3: b'\\xe9')")
+    assert [size for size, _ in chunks] == [4, 4, 4, 4]
+    assert chunks[0][1] < len(data) / 2  # the first chunk was translated with most of the input unread
+    # The same sentences as arguments, in chunks too: an n-best list counts its lines from the
+    # input's start, across chunks, and its translations are the piped ones.
+    monkeypatch.setattr(evaluation, "translate_texts", translate_texts)
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--n-best", "1", "--batch-size", "1",
+                     *texts]) == 0
+    lines = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    assert [number for number, _, _ in lines] == [str(i) for i in range(len(texts))]
+    assert piped.out.splitlines() == [translation for _, translation, _ in lines[:16]]
+
+
+@only_on("torch", "how the command reads a terminal is its own code; the search under it is checked in "
+                  "test_evaluate_and_translate, on every backend")
+def test_a_terminal_gets_each_translation_when_its_line_is_typed(demo, monkeypatch, capsys):
+    import queue
+
+    run = str(demo / "run")
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven", "forty-two"]) == 0
+    expected = capsys.readouterr().out.splitlines()
+    typed = queue.Queue()
+
+    class Terminal(io.BytesIO):  # a terminal gives a read each line its user ends with Enter
+        def isatty(self):
+            return True
+
+        def read1(self, size=-1):
+            return typed.get(timeout=300)
+
+    class Screen(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.lines = queue.Queue()
+
+        def write(self, text):
+            if text != "\n":  # print's line, then its line break
+                self.lines.put(text)
+            return super().write(text)
+
+    screen = Screen()
+    shown = []
+
+    def user():  # types a line, waits for its translation, types the next; then Ctrl-D
+        for line in (b"seven\n", b"forty-two\n"):
+            typed.put(line)
+            try:
+                shown.append(screen.lines.get(timeout=60))
+            except queue.Empty:
+                shown.append(None)  # not shown while the terminal was open
+        typed.put(b"")
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(Terminal()))
+    monkeypatch.setattr(sys, "stdout", screen)
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        assert cli.main(["translate", "--run-dir", run, "--beam-size", "1"]) == 0
+    finally:
+        thread.join()
+    assert shown == expected
+    assert capsys.readouterr().err == (
+        "keras-transformer translate: type a sentence and press Enter to translate it; Ctrl-D ends.\n")
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow",
                     reason="on JAX and PyTorch the command exports in a TensorFlow child process, the one "
                            "test_export runs on every backend; the command's own code is the same")

@@ -316,6 +316,40 @@ def test_a_stream_is_read_in_chunks_and_a_nul_byte_stops_it():
     assert corpora.read_stream(io.BytesIO(b"a\nb\n"), "pipe") == b"a\nb\n"
 
 
+def test_the_lines_of_a_stream_come_in_chunks_as_they_arrive():
+    import io
+
+    from keras_transformer.tools.text import streams
+
+    class Pipe(io.BytesIO):  # its reads end where the test says
+        def __init__(self, *parts):
+            super().__init__(b"".join(parts))
+            self.sizes = [len(p) for p in parts]
+
+        def read1(self, size=-1):
+            return super().read1(self.sizes.pop(0) if self.sizes else size)
+
+    data = b"\xef\xbb\xbfone\r\n\ntwo\rthree\nf\xc3\xbcnf"  # a BOM, every line ending, no final one
+    for cut in range(1, len(data)):  # a read may end anywhere: inside \r\n, inside a character
+        for chunk_lines in (1, 2, 10):
+            chunks = list(streams.line_chunks(Pipe(data[:cut], data[cut:]), "pipe", chunk_lines))
+            assert [line for chunk in chunks for line in chunk] == corpora.decode_lines(data, "pipe")
+            assert all(len(chunk) == chunk_lines for chunk in chunks[:-1]), (cut, chunks)
+    # From a terminal, each line as soon as it is complete; from a pipe, full chunks.
+    assert list(streams.line_chunks(Pipe(b"a\nb\n", b"c\n", b"d"), "t", 3, interactive=True)) == [
+        ["a", "b"], ["c"], ["d"]]
+    assert list(streams.line_chunks(Pipe(b"a\nb\n", b"c\n", b"d"), "t", 3)) == [["a", "b", "c"], ["d"]]
+    # Mistakes name their line, counted from the stream's start; a NUL byte stops the
+    # stream before its line ends (/dev/zero has none).
+    for parts, message in (((b"a\nb\n", b"c\n\xff\n"), "pipe, line 4: not valid UTF-8 (byte 0: b'\\xff')"),
+                           ((b"a\nb\n", b"c\nd\0"), "pipe, line 4: a NUL byte"),
+                           ((b"\xff\xfeo\0n\0e\0",), "pipe is UTF-16 text")):
+        with pytest.raises(corpora.CorpusError, match=re.escape(message)):
+            list(streams.line_chunks(Pipe(*parts), "pipe", 2))
+    with pytest.raises(corpora.CorpusError, match="^zeros, line 1: a NUL byte"):  # at its first read
+        next(streams.line_chunks(Pipe(b"\0" * 10, b"\0" * 10), "zeros", 2, interactive=True))
+
+
 def test_tsv_reader(tmp_path):
     path = tmp_path / "deu.tsv"
     path.write_text("Hi.\tHallo!\tCC-BY 2.0 (France) Attribution\n\nRun!\tLauf!\n", encoding="utf-8")

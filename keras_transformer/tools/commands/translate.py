@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import sys
 
@@ -17,7 +18,8 @@ def add_parser(sub) -> None:
         "translate",
         help="Translate sentences given as arguments or on standard input.",
         description="Translate each TEXT argument, each line of --input FILE, or each line of standard "
-                    "input; one translation per line, in input order, on standard output or in --output FILE.",
+                    "input; one translation per line, in input order, on standard output or in --output FILE. "
+                    "Standard input is translated as it comes, in chunks; from a terminal, line by line.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
     p.add_argument("--input", metavar="FILE",
@@ -56,31 +58,34 @@ def check(args) -> dict:
 
 def run(args) -> int:
     from keras_transformer.tools import evaluation, files
-    from keras_transformer.tools.text import corpora
 
     output = args.output
-    if args.input:
-        texts = corpora.read_lines(args.input, streams=True)
-    else:
-        stdin = "standard input"
-        texts = args.texts or corpora.decode_lines(corpora.read_stream(sys.stdin.buffer, stdin), stdin)
-    model, tokenizer = load_run(args)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
     chunk_size = (args.batch_size or 64) * (16 if output else 4)
+    interactive = not (args.texts or args.input) and sys.stdin.isatty()
+    chunks, total = _input(args, chunk_size, interactive)
+    if interactive:  # the model first, then the user types
+        model, tokenizer = load_run(args)
+        print("keras-transformer translate: type a sentence and press Enter to translate it; Ctrl-D ends.",
+              file=sys.stderr, flush=True)
+        first = []
+    else:  # a mistake at the start of the input is found before the model loads
+        first = next(chunks, [])
+        model, tokenizer = load_run(args)
     progress = None
     if output is not None:
         import keras
 
-        progress = keras.utils.Progbar(len(texts), unit_name="sentence", verbose=fit_verbosity(args))
-    translations = []
-    for start in range(0, len(texts), chunk_size):
-        chunk = texts[start : start + chunk_size]
+        progress = keras.utils.Progbar(total, unit_name="sentence", verbose=fit_verbosity(args))
+    translations, done = [], 0
+    for chunk in itertools.chain([first], chunks):
         lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
                                            n_best=args.n_best or 0, max_input_length=args.max_input_length)
         if args.n_best:
-            lines = [f"{start + i} ||| {text} ||| {score:.4f}"
+            lines = [f"{done + i} ||| {text} ||| {score:.4f}"
                      for i, hypotheses in enumerate(lines) for text, score in hypotheses]
+        done += len(chunk)
         if output is None:
             for line in lines:
                 print(line, flush=True)
@@ -90,7 +95,18 @@ def run(args) -> int:
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         files.write_text(output, "".join(line + "\n" for line in translations))
-        print(f"{len(texts)} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
+        print(f"{done} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
               flush=True)
     return 0
 
+
+def _input(args, chunk_size: int, interactive: bool):
+    """The sentences in chunks of `chunk_size`, and how many there are (`None` for standard
+    input, which is read as it comes: it may never end, and a terminal's lines are
+    translated one by one as they are typed)."""
+    from keras_transformer.tools.text import corpora, streams
+
+    if args.texts or args.input:
+        texts = args.texts or corpora.read_lines(args.input, streams=True)
+        return (texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)), len(texts)
+    return streams.line_chunks(sys.stdin.buffer, "standard input", chunk_size, interactive), None

@@ -244,23 +244,23 @@ def _refuse_nul(data: bytes, name, lines_before: int = 0) -> None:
         raise CorpusError(f"{name}, line {line}: a NUL byte, which text never holds: binary data, not text")
 
 
-def decode_lines(data: bytes, name) -> list[str]:
+def decode_lines(data: bytes, name, first_line: int = 1) -> list[str]:
     """Split `data` into lines ending in `\\n`, `\\r\\n` or `\\r` (old Mac files) alike and
     decode each as UTF-8; a line that is not UTF-8, or one with a NUL byte, is a
-    `CorpusError` naming `name` and the line."""
-    _refuse_nul(data, name)
+    `CorpusError` naming `name` and the line (`data` starts at line `first_line`)."""
+    _refuse_nul(data, name, first_line - 1)
     rows = re.split(rb"\r\n|\r|\n", data)
     if rows and rows[-1] == b"":
         rows.pop()  # the final line break
     lines = []
-    for number, raw in enumerate(rows, start=1):
+    for number, raw in enumerate(rows, start=first_line):
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise CorpusError(
                 f"{name}, line {number}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})"
             ) from None
-    if lines:
+    if lines and first_line == 1:
         lines[0] = lines[0].lstrip("\ufeff")  # a byte-order mark is not text
     return lines
 

@@ -1,0 +1,57 @@
+"""The lines of a stream as they arrive: `keras-transformer translate` on standard input.
+
+A pipe may never end (`tail -f log | keras-transformer translate ...`) and a terminal
+ends when its user says so, so standard input is not read to its end before the first
+translation: its lines come in lists, each given out as soon as it is full or, from a
+terminal, as soon as a line is typed.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Iterator
+
+from keras_transformer.tools.text.corpora import decode_lines
+
+_READ_SIZE = 1 << 16
+
+
+def line_chunks(stream: BinaryIO, name, chunk_lines: int, interactive: bool = False) -> Iterator[list[str]]:
+    """The lines of a binary stream in lists of `chunk_lines` (the last may be shorter).
+
+    Lines end in `\\n`, `\\r\\n` or `\\r` alike and are decoded and checked as
+    `corpora.decode_lines` does (a `CorpusError` names `name` and the line, counted from
+    the stream's start). A list is given out when it is full and at the stream's end;
+    with `interactive` (a terminal), as soon as it holds a line. A NUL byte stops the
+    stream at once, before the line it is on ends: a device such as `/dev/zero` never
+    ends one.
+
+    Args:
+        stream: Has `read1` (`sys.stdin.buffer`, `io.BytesIO`).
+        name: The stream's name in error messages.
+        chunk_lines: The most lines in one list.
+        interactive: Give out each line as soon as it is complete.
+    """
+    pending, lines, read = b"", [], 0  # read: the lines decoded so far
+    while True:
+        data = stream.read1(_READ_SIZE)
+        pending += data
+        if b"\0" in data:
+            decode_lines(pending, name, first_line=read + 1)  # raises the CorpusError naming the NUL's line
+        end = len(pending) if not data else _complete(pending)
+        if end:
+            decoded = decode_lines(pending[:end], name, first_line=read + 1)
+            pending, read, lines = pending[end:], read + len(decoded), lines + decoded
+        while len(lines) >= chunk_lines or (lines and (interactive or not data)):
+            yield lines[:chunk_lines]
+            lines = lines[chunk_lines:]
+        if not data:
+            return
+
+
+def _complete(data: bytes) -> int:
+    """How many bytes of `data` are whole lines. A final `\\r` waits for the next read,
+    which may begin with the `\\n` of a `\\r\\n`."""
+    end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+    if end == len(data) - 1 and data.endswith(b"\r"):
+        end = max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end))
+    return end + 1
