@@ -59,6 +59,8 @@ def test_evaluate_and_translate(demo, capsys):
 @only_on("jax", "reading and writing the files is the command's own code; the translations come from the "
                 "search test_evaluate_and_translate runs on every backend")
 def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
+    from keras_transformer.tools import evaluation
+
     run = str(demo / "run")
     source = tmp_path / "in.txt"
     source.write_bytes(b"seven\r\n\nforty-two\nnine hundred and one\n")
@@ -81,13 +83,28 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
                      "seven"]) == 0
     assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "target.txt").read_text("utf-8") == lines[0] + "\n"
     os.mkfifo(tmp_path / "pipe")  # a write renamed into place would replace the pipe, not write to it
-    # A pipe as --input (a shell's `<(command)`) is read once to its end; /dev/null is no lines.
-    writer = threading.Thread(target=lambda: (tmp_path / "pipe").write_bytes(b"seven\nforty-two\n"))
-    writer.start()
+    # A pipe as --input (a shell's `<(command)`) is read as it comes, like standard input: a
+    # chunk (4 lines with --batch-size 1) is translated while the pipe is still open.
+    translated, translate_texts = threading.Event(), evaluation.translate_texts
+    monkeypatch.setattr(evaluation, "translate_texts", lambda *a, **k: (translated.set(), translate_texts(*a, **k))[1])
+
+    def writer():
+        with open(tmp_path / "pipe", "wb", buffering=0) as pipe:
+            pipe.write(b"seven\nforty-two\n" * 2)
+            translated.wait(timeout=60)
+            opened.append(translated.is_set())  # translated while the pipe was open
+            pipe.write(b"seven\n")
+
+    opened = []
+    thread = threading.Thread(target=writer)
+    thread.start()
     capsys.readouterr()
-    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", str(tmp_path / "pipe")]) == 0
-    writer.join()
-    assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--batch-size", "1",
+                     "--input", str(tmp_path / "pipe")]) == 0
+    thread.join()
+    assert opened == [True] and capsys.readouterr().out.splitlines() == [lines[0], lines[2]] * 2 + [lines[0]]
+    monkeypatch.setattr(evaluation, "translate_texts", translate_texts)
+    # /dev/null is no lines.
     assert cli.main(["translate", "--run-dir", run, "--input", os.devnull]) == 0
     assert capsys.readouterr().out == ""
     # A line past --max-input-length is cut, with one warning line of the command's own.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import pathlib
 import sys
 
@@ -23,8 +24,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
     p.add_argument("--input", metavar="FILE",
-                   help="Translate the lines of this file (plain or .gz, or a pipe such as <(command); "
-                        "'-': standard input).")
+                   help="Translate the lines of this file (plain or .gz, or a pipe such as <(command), read as "
+                        "it comes; '-': standard input).")
     p.add_argument("--output", metavar="FILE",
                    help="Write the translations to this file (in place once all are done) and show progress "
                         "('-': standard output, as without --output).")
@@ -101,12 +102,36 @@ def run(args) -> int:
 
 
 def _input(args, chunk_size: int, interactive: bool):
-    """The sentences in chunks of `chunk_size`, and how many there are (`None` for standard
-    input, which is read as it comes: it may never end, and a terminal's lines are
-    translated one by one as they are typed)."""
-    from keras_transformer.tools.text import corpora, streams
+    """The sentences in chunks of `chunk_size`, and how many there are (`None` for a stream:
+    standard input, a pipe or a device given as --input, read as it comes: it may never
+    end, and a terminal's lines are translated one by one as they are typed)."""
+    from keras_transformer.tools.text import corpora
 
-    if args.texts or args.input:
-        texts = args.texts or corpora.read_lines(args.input, streams=True)
-        return (texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)), len(texts)
-    return streams.line_chunks(sys.stdin.buffer, "standard input", chunk_size, interactive), None
+    if args.texts:
+        texts = args.texts
+    elif args.input and not _a_stream(args.input):
+        texts = corpora.read_lines(args.input, streams=True)  # a regular file, or a .gz one from a pipe
+    else:
+        return _stream_chunks(args.input, chunk_size, interactive), None
+    return (texts[i:i + chunk_size] for i in range(0, len(texts), chunk_size)), len(texts)
+
+
+def _a_stream(path: str) -> bool:
+    """Whether `path` is a pipe or a device (`<(command)`, `/dev/stdin`) of plain text."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, a name too long: `corpora.read_lines` says which
+        return False
+    return (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)) and not path.endswith(".gz")
+
+
+def _stream_chunks(path, chunk_size: int, interactive: bool):
+    from keras_transformer.tools.text import streams
+
+    if path is None:
+        yield from streams.line_chunks(sys.stdin.buffer, "standard input", chunk_size, interactive)
+        return
+    with open(path, "rb") as stream:
+        yield from streams.line_chunks(stream, path, chunk_size)
