@@ -411,7 +411,8 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
         (["translate", "--input", str(a_file), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["export", "--output", str(a_file)], "is a file; give a directory for the SavedModel"),
         # A run directory, or the model it should hold, that is not there.
-        (["evaluate", "--run-dir", str(tmp_path / "nowhere")], "No run directory at"),
+        (["evaluate", "--run-dir", str(tmp_path / "nowhere")], "No run directory at "
+         f"{tmp_path / 'nowhere'}: a run directory is what `train` writes (its --output-dir)."),
         (["translate", "--run-dir", str(tmp_path), "seven"], "No model at"),
         (["export", "--run-dir", str(unfinished), "--model", "best"], "No best model at"),
         # The CTranslate2 export's checks read CTranslate2's weight types, not a model.

@@ -77,7 +77,8 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
         raise ValueError(f"`model` must be 'final' or 'best'. Received: model={model!r}")
     model_file = run_dir / "model.keras" if model == "final" else run_dir / "best" / "model.keras"
     if not run_dir.is_dir():
-        raise RunDirError(f"No run directory at {run_dir}.")
+        raise RunDirError(f"No run directory at {run_dir}: a run directory is what `train` writes (its "
+                          "--output-dir).")
     if model == "best" and not model_file.is_file():
         raise RunDirError(f"No best model at {model_file}: only runs trained with --validate-translations keep one.")
     if not model_file.is_file():
