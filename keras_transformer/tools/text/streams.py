@@ -31,16 +31,20 @@ def line_chunks(stream: BinaryIO, name, chunk_lines: int, interactive: bool = Fa
         chunk_lines: The most lines in one list.
         interactive: Give out each line as soon as it is complete.
     """
-    pending, lines, read = b"", [], 0  # read: the lines decoded so far
+    pending, lines, read = bytearray(), [], 0  # read: the lines decoded so far
     while True:
         data = stream.read1(_READ_SIZE)
+        # What was pending holds no line break but perhaps a final `\r`: look from there on
+        # (a long line read in many pieces is searched once).
+        start = max(0, len(pending) - 1)
         pending += data
         if b"\0" in data:
-            decode_lines(pending, name, first_line=read + 1)  # raises the CorpusError naming the NUL's line
-        end = len(pending) if not data else _complete(pending)
+            decode_lines(bytes(pending), name, first_line=read + 1)  # raises the CorpusError naming the NUL's line
+        end = len(pending) if not data else _complete(pending, start)
         if end:
-            decoded = decode_lines(pending[:end], name, first_line=read + 1)
-            pending, read, lines = pending[end:], read + len(decoded), lines + decoded
+            decoded = decode_lines(bytes(pending[:end]), name, first_line=read + 1)
+            del pending[:end]
+            read, lines = read + len(decoded), lines + decoded
         while len(lines) >= chunk_lines or (lines and (interactive or not data)):
             yield lines[:chunk_lines]
             lines = lines[chunk_lines:]
@@ -48,10 +52,10 @@ def line_chunks(stream: BinaryIO, name, chunk_lines: int, interactive: bool = Fa
             return
 
 
-def _complete(data: bytes) -> int:
-    """How many bytes of `data` are whole lines. A final `\\r` waits for the next read,
-    which may begin with the `\\n` of a `\\r\\n`."""
-    end = max(data.rfind(b"\n"), data.rfind(b"\r"))
+def _complete(data: bytearray, start: int) -> int:
+    """How many bytes of `data` are whole lines, its last line break at or after `start`.
+    A final `\r` waits for the next read, which may begin with the `\n` of a `\r\n`."""
+    end = max(data.rfind(b"\n", start), data.rfind(b"\r", start))
     if end == len(data) - 1 and data.endswith(b"\r"):
-        end = max(data.rfind(b"\n", 0, end), data.rfind(b"\r", 0, end))
+        end = max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end))
     return end + 1
