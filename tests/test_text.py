@@ -350,6 +350,25 @@ def test_the_lines_of_a_stream_come_in_chunks_as_they_arrive():
         next(streams.line_chunks(Pipe(b"\0" * 10, b"\0" * 10), "zeros", 2, interactive=True))
 
 
+def test_a_slow_writers_lines_are_given_out_when_the_stream_goes_quiet():
+    import threading
+
+    from keras_transformer.tools.text import streams
+
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as reader, open(write_end, "wb", buffering=0) as writer:
+        writer.write(b"one\ntwo\n")  # the writer stays, with nothing more for now (`tail -f`)
+        chunks = streams.line_chunks(reader, "pipe", chunk_lines=100)
+        got = []
+        thread = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+        assert got == [["one", "two"]]  # not held back for a list of 100
+        writer.write(b"three\n")
+        writer.close()
+        assert list(chunks) == [["three"]]
+
+
 def test_tsv_reader(tmp_path):
     path = tmp_path / "deu.tsv"
     path.write_text("Hi.\tHallo!\tCC-BY 2.0 (France) Attribution\n\nRun!\tLauf!\n", encoding="utf-8")
