@@ -139,7 +139,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
         # One batch size for the whole call: few shapes to compile.
         longest = -(-max(len(row) for row in ids) // 8) * 8 + max_extra_length
         batch_size = max(1, min(DECODE_MAX_BATCH, DECODE_BATCH_TOKENS // (max(beam_size, 1) * max(longest, 1))))
-    results = [[("", 0.0)] if n_best else ""] * len(texts)
+    results = [[("", 0.0)] if n_best else "" for _ in texts]  # one list per text, none shared
     for start in range(0, len(order), batch_size):
         chunk = [i for i in order[start : start + batch_size] if len(ids[i])]
         if not chunk:

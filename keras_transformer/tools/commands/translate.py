@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import stat
 import sys
 
 from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
@@ -70,9 +71,8 @@ def run(args) -> int:
         model, tokenizer = load_run(args)
         print("keras-transformer translate: type a sentence and press Enter to translate it; Ctrl-D ends.",
               file=sys.stderr, flush=True)
-        first = []
     else:  # a mistake at the start of the input is found before the model loads
-        first = next(chunks, [])
+        chunks = itertools.chain([next(chunks, [])], chunks)
         model, tokenizer = load_run(args)
     progress = None
     if output is not None:
@@ -80,7 +80,7 @@ def run(args) -> int:
 
         progress = keras.utils.Progbar(total, unit_name="sentence", verbose=fit_verbosity(args))
     translations, done = [], 0
-    for chunk in itertools.chain([first], chunks):
+    for chunk in chunks:
         lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
                                            n_best=args.n_best or 0, max_input_length=args.max_input_length)
         if args.n_best:
@@ -118,8 +118,6 @@ def _input(args, chunk_size: int, interactive: bool):
 
 def _a_stream(path: str) -> bool:
     """Whether `path` is a pipe or a device (`<(command)`, `/dev/stdin`) of plain text."""
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except OSError:  # missing, a name too long: `corpora.read_lines` says which
