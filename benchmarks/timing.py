@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 
 
-def first_then_repeats(run, repeats: int):
-    """`(first output, first run's seconds, each repeat's seconds)`: `run()` once, which
-    may compile and so is timed apart, then `repeats` more times."""
+def first_then_repeats(run, repeats: int, warmups: int = 1):
+    """`(first output, first runs' seconds, each repeat's seconds)`: `run()` `warmups`
+    times, which may compile and so are timed apart (together), then `repeats` more times.
+    A compiled search on PyTorch needs two: a shape's first search runs eagerly there and
+    its second exports the programs."""
     t = time.perf_counter()
-    output = run()
+    for _ in range(warmups):
+        output = run()
     first = time.perf_counter() - t
     times = []
     for _ in range(repeats):

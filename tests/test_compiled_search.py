@@ -33,10 +33,18 @@ def _model(seed, cls=None):
 SOURCE = np.array([[4, 5, 6, 7, 1], [6, 6, 4, 0, 0], [9, 10, 0, 0, 0]], "int32")
 
 
+def _compiled_translate(model, source, *args, **kwargs):
+    """`model.translate` compiled: on PyTorch a shape's first search runs eagerly and its
+    second exports the programs, so the search is run twice and the second is returned."""
+    if BACKEND == "torch":
+        model.translate(source, *args, **kwargs)
+    return model.translate(source, *args, **kwargs)
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_compiled_search_gives_the_eager_search_tokens(beam_size):
     model = _model(0)
-    compiled, compiled_scores = model.translate(SOURCE, beam_size, max_length=5, return_scores=True)
+    compiled, compiled_scores = _compiled_translate(model, SOURCE, beam_size, max_length=5, return_scores=True)
     eager, eager_scores = model.translate(SOURCE, beam_size, max_length=5, return_scores=True, compile=False)
     np.testing.assert_array_equal(to_numpy(compiled, "int32"), to_numpy(eager, "int32"))
     np.testing.assert_allclose(to_numpy(compiled_scores), to_numpy(eager_scores), atol=1e-5)
@@ -50,8 +58,8 @@ def test_compiled_search_gives_the_eager_search_tokens(beam_size):
 
 def test_compiled_search_uses_weights_set_after_compilation():
     model, other = _model(0), _model(1)
-    before = to_numpy(model.translate(SOURCE, 2, max_length=7), "int32")
-    expected = to_numpy(other.translate(SOURCE, 2, max_length=7), "int32")
+    before = to_numpy(_compiled_translate(model, SOURCE, 2, max_length=7), "int32")
+    expected = to_numpy(other.translate(SOURCE, 2, max_length=7, compile=False), "int32")
     assert not np.array_equal(before, expected)  # the two models differ, so the check can fail
     model.set_weights(other.get_weights())
     np.testing.assert_array_equal(to_numpy(model.translate(SOURCE, 2, max_length=7), "int32"), expected)
@@ -59,9 +67,9 @@ def test_compiled_search_uses_weights_set_after_compilation():
 
 def test_a_model_quantized_after_translating_searches_with_its_int8_weights():
     model = _model(0)
-    _, before = model.translate(SOURCE, 2, max_length=4, return_scores=True)
+    _, before = _compiled_translate(model, SOURCE, 2, max_length=4, return_scores=True)
     quantize_model(model, "int8")  # Keras' model.quantize: every Dense kernel int8, with its scale
-    _, after = model.translate(SOURCE, 2, max_length=4, return_scores=True)
+    _, after = _compiled_translate(model, SOURCE, 2, max_length=4, return_scores=True)
     _, eager = model.search(SOURCE, 4, beam_size=2)  # the same search, uncompiled, on the variables of now
     assert np.abs(to_numpy(before) - to_numpy(eager)).max() > 1e-3  # int8 changes the scores: the check can fail
     np.testing.assert_allclose(to_numpy(after), to_numpy(eager), atol=1e-4)
@@ -107,6 +115,9 @@ def test_four_threads_translate_with_one_model(beam_size):
     assert len(results) == 80
     for which, tokens in results:
         np.testing.assert_array_equal(tokens, expected[which])
+    if BACKEND == "torch":  # the threads ran the exported programs too, not only eager searches
+        (search,) = model._searches.values()
+        assert len(search.compiled.programs) == 2
 
 
 class _BranchingTransformer(kt.models.Transformer):
@@ -194,15 +205,30 @@ def test_torch_compile_gives_the_eager_search_tokens():
     expected = to_numpy(model.translate(SOURCE, 1, max_length=5, compile=False), "int32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompileFailedWarning)  # a fallback would hide a failure
-        got = to_numpy(model.translate(SOURCE, 1, max_length=5, compile="torch.compile"), "int32")
+        got = to_numpy(_compiled_translate(model, SOURCE, 1, max_length=5, compile="torch.compile"), "int32")
     np.testing.assert_array_equal(got, expected)
+
+
+@torch_only
+def test_a_shapes_first_search_runs_eagerly_and_its_second_exports():
+    # Exporting costs seconds, more than an eager search of a few sentences: a shape used
+    # once is never exported, one used again is; every call gives the eager search's tokens.
+    model = _model(7)
+    expected = to_numpy(model.translate(SOURCE, 2, max_length=5, compile=False), "int32")
+    programs = []
+    for source in (SOURCE, SOURCE, SOURCE, SOURCE[:2], SOURCE[:2]):
+        got = to_numpy(model.translate(source, 2, max_length=5), "int32")
+        np.testing.assert_array_equal(got, expected[:len(source)])
+        (search,) = model._searches.values()
+        programs.append(len(search.compiled.programs))
+    assert programs == [0, 2, 2, 2, 4]  # the encoder call and the loop iteration, per shape
 
 
 @torch_only
 def test_exported_programs_take_the_weights_as_arguments():
     # Nothing of the model's state is baked in: a program holds no variable's value.
     model = _model(6)
-    model.translate(SOURCE, 2, max_length=5)
+    _compiled_translate(model, SOURCE, 2, max_length=5)
     (search,) = model._searches.values()
     programs = search.compiled.programs.values()
     assert len(programs) == 2  # the encoder call and one loop iteration
@@ -237,7 +263,7 @@ def test_a_loop_writes_its_cache_in_place_but_never_into_the_callers_tensors():
         return loop(lambda i, a, b, total: i < 5, body, (0, buffer, keras.ops.zeros((2, 5)), keras.ops.zeros(())))
 
     buffer = keras.ops.zeros((2, 5))
-    exported = ExportedSearch(search, [])
+    exported = ExportedSearch(search, [], eager_calls=0)
     got = exported(buffer)
     expected = search(buffer)
     for x, y in zip(got, expected):
@@ -248,7 +274,7 @@ def test_a_loop_writes_its_cache_in_place_but_never_into_the_callers_tensors():
     # The model's own search: every decoder layer's self-attention keys and values are
     # written in place.
     model = _model(6)
-    model.translate(SOURCE, 2, max_length=5)
+    _compiled_translate(model, SOURCE, 2, max_length=5)
     (model_search,) = model._searches.values()
     loops = [p for p in model_search.compiled.programs.values() if p.written]
     assert len(loops) == 1 and len(loops[0].written) == 2 * model.num_layers
@@ -323,7 +349,7 @@ def test_an_exported_loop_follows_a_body_that_changes_shapes_and_exports_a_stead
         return grown, steady
 
     x = keras.ops.convert_to_tensor(np.array([1.0, 3.0], "float32"))
-    exported = ExportedSearch(search, [])
+    exported = ExportedSearch(search, [], eager_calls=0)
     grown, steady = exported(x)
     expected_grown, expected_steady = search(x)
     np.testing.assert_array_equal(to_numpy(grown), to_numpy(expected_grown))  # [1, 3, 2, 4, 8]

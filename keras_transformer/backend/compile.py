@@ -4,8 +4,9 @@
   are arguments, not constants baked into the program, so weights changed after
   compilation (more training, a loaded checkpoint) are used.
 * TensorFlow: `tf.function(jit_compile=True, autograph=False)`; variables are read at run time.
-* PyTorch: `keras_transformer.backend.torch_decoding.ExportedSearch` (`torch.export`;
-  with `mode="torch.compile"`, its programs also go through `torch.compile`).
+* PyTorch: `keras_transformer.backend.torch_decoding.ExportedSearch` (`torch.export`,
+  from the second search of an input shape, the first running eagerly; with
+  `mode="torch.compile"`, its programs also go through `torch.compile`).
 
 When compiling fails (a layer that branches on a tensor's value, an op an engine does
 not know), the search runs eagerly from then on, with one `CompileFailedWarning` naming

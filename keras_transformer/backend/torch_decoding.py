@@ -12,10 +12,9 @@ the ATen operations it performs are kept) and the exported programs are replayed
   condition on the result. The loop itself is Python: one call of the exported program
   and one read of a boolean per token.
 
-Exporting the step alone is not enough: measured with `benchmarks/decode.py`'s workload
-(tiny preset, 8 sentences x 64 tokens, 2 CPU cores), eager 1,002 / 753 tokens/s (greedy /
-beam 4), the exported step with the search's bookkeeping eager 4,032 / 1,482; the
-bookkeeping's thirty-odd Keras ops per step cost as much as the model.
+Exporting the step alone is not enough (`benchmarks/decode.py`'s workload, tiny, 8 x 64
+tokens, 2 CPU cores: eager 1,002 / 753 tokens/s greedy / beam 4, the step exported 4,032 /
+1,482): the bookkeeping's thirty-odd Keras ops per step cost as much as the model.
 
 Each exported program takes the model's weights as arguments (`keras.StatelessScope`
 maps the variables to them while exporting), so it holds no state: weights changed
@@ -35,6 +34,12 @@ public `torch.fx` operations (each a Python call saved per op and step, or a cop
   to change one position) made in place into the loop's own tensors, never into a
   tensor the caller still holds or one another loop variable shares.
 
+Exporting costs more than an eager search of a few sentences (three sentences x 40 tokens,
+beam 4, 2 CPU cores: `tiny` 1.0 s eager against 4.6 s exported at the first call, `small`
+1.6 s against 5.9 s), so the first search of an input shape runs eagerly and the second
+exports: a shape used once never pays for an export, one used again pays at most one
+eager search more.
+
 When exporting fails (a layer that branches on a tensor's value, an op export does not
 know), `keras_transformer.backend.compile` runs the search eagerly, with one warning
 naming the reason, and it gives the same tokens. `Transformer.translate(...,
@@ -47,24 +52,19 @@ alone and 908 / 843 eager (JAX: 26,950 / 5,162; before the rewrites above, the e
 programs made 4,150 / 2,027), but 16-20 s of Inductor compilation per program shape on 2
 CPU cores, against 1-2 s to export. The exported programs are the default.
 
-On a GPU (one H200, PyTorch 2.11.0+cu130: `benchmarks/gpu.sh`), the same tokens in every
-mode; `decode.py`'s workload made 4,024 / 2,852 tokens/s exported and 650 / 568 eager
-(JAX: 66,309 / 52,601), and with 16 source tokens, greedy, `torch.compile` 4,128 against
-3,169 exported (18 s to compile against 3 s). A step of a small model is launch-bound
-there. `torch.compile`'s CUDA graphs (`mode="reduce-overhead"`) were tried on these
-programs: Dynamo refused them (`Unsupported: Attempt to trace generator`, on the GPU
-only; the same programs compile on the CPU), so `torch.compile` uses its default mode on
-every device.
-(A `make_fx` record replayed as TorchScript, which this module replaces, measured 14,604
-/ 6,158 on the same workload; TorchScript is no longer developed, and that recorder
-shared state between threads.)
+On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
+`torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 import warnings
 
 import keras
+
+from keras_transformer.decoding import eager_while_loop
 
 
 class ExportedSearch:
@@ -78,6 +78,9 @@ class ExportedSearch:
             (Inductor, default mode). Faster steps, but seconds of compilation per
             program shape.
         max_programs: Exported programs kept (per function and argument shapes).
+        eager_calls: Calls of each source shape that run eagerly before its programs are
+            exported (default 1: the second search of a shape exports; 0 exports on the
+            first).
 
     Call arguments:
         source_ids: Integer `(B, S)`.
@@ -87,20 +90,30 @@ class ExportedSearch:
         be exported (`compile_search` then runs the search eagerly).
     """
 
-    def __init__(self, search, variables, torch_compile: bool = False, max_programs: int = 16):
+    def __init__(self, search, variables, torch_compile: bool = False, max_programs: int = 16,
+                 eager_calls: int = 1):
         from keras_transformer.backend.compile import FunctionCache
 
         self.search = search
         self.variables = list(variables)
         self.torch_compile = torch_compile
         self.programs = FunctionCache(max_entries=max_programs)
+        self.eager_calls = eager_calls
+        self._calls: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
 
     def __call__(self, source_ids):
         import torch
 
-        values = [v.value for v in self.variables]  # the weights of this moment
-        run = _Run(self, values)
+        key = _signature(source_ids)
+        with self._lock:  # calls so far of each recent source shape, 4 x max_programs of them
+            calls = self._calls[key] = self._calls.pop(key, 0) + 1
+            while len(self._calls) > 4 * self.programs.max_entries:
+                self._calls.popitem(last=False)
+        run = _Run(self, [v.value for v in self.variables])  # the weights of this moment
         with torch.no_grad():
+            if calls <= self.eager_calls:  # a shape not seen enough: eager
+                return self.search(source_ids, while_loop=eager_while_loop)
             return self.search(source_ids, call=run.call, while_loop=run.while_loop)
 
     def program(self, kind, fn, args, loop: bool = False):
