@@ -8,7 +8,7 @@ for PyTorch's compiled searches, whose first search of a shape runs eagerly). Ev
 backend also runs the same search eagerly (`translate(..., compile=False)`, one run),
 a copy after Keras' `model.quantize("int8")` (column `int8`, compiled, cached),
 and PyTorch also with `compile="torch.compile"` (the exported programs through
-`torch.compile`; its first run includes seconds of compilation). Nothing is asserted:
+`torch.compile`; its second run includes seconds of compilation). Nothing is asserted:
 the script prints a table and writes JSON.
 
 `--backends ctranslate2` (with the `ctranslate2` extra) converts the same model (built
