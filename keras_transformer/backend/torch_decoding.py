@@ -110,10 +110,10 @@ class ExportedSearch:
             calls = self._calls[key] = self._calls.pop(key, 0) + 1
             while len(self._calls) > 4 * self.programs.max_entries:
                 self._calls.popitem(last=False)
-        run = _Run(self, [v.value for v in self.variables])  # the weights of this moment
         with torch.no_grad():
             if calls <= self.eager_calls:  # a shape not seen enough: eager
                 return self.search(source_ids, while_loop=eager_while_loop)
+            run = _Run(self, [v.value for v in self.variables])  # the weights of this moment
             return self.search(source_ids, call=run.call, while_loop=run.while_loop)
 
     def program(self, kind, fn, args, loop: bool = False):
