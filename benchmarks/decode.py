@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 
-from timing import first_then_repeats
+from timing import first_then_repeats, search_warmups
 
 HERE = pathlib.Path(__file__).parent
 
@@ -69,9 +69,8 @@ def measure(args) -> dict:
             def run():
                 return keras.ops.convert_to_numpy(searcher.translate(
                     source, beam_size, max_length=n, min_length=n, use_cache=use_cache, compile=compile))
-            # The first runs compile (on PyTorch, the second: a shape's first search is eager).
-            warmups = 2 if keras.backend.backend() == "torch" and compile is not False else 1
-            out, compile_seconds, times = first_then_repeats(run, 1 if variant == "eager" else args.repeats, warmups)
+            repeats = 1 if variant == "eager" else args.repeats
+            out, compile_seconds, times = first_then_repeats(run, repeats, search_warmups(compile))
             assert out.shape == (args.batch, n)
             median = statistics.median(times)
             results[f"{search}_{variant}"] = {

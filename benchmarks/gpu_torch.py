@@ -19,7 +19,7 @@ import os
 import pathlib
 import statistics
 
-from timing import first_then_repeats
+from timing import first_then_repeats, search_warmups
 
 HERE = pathlib.Path(__file__).parent
 
@@ -65,8 +65,7 @@ def decoding(device: str, preset: str) -> dict:
                 def run():
                     return keras.ops.convert_to_numpy(model.translate(source, beam, max_length=n, min_length=n,
                                                                       compile=mode))
-                # A shape's first search is eager and its second exports: two warm-up runs.
-                outputs[str(mode)], first, times = first_then_repeats(run, 3, warmups=1 if mode is False else 2)
+                outputs[str(mode)], first, times = first_then_repeats(run, 3, search_warmups(mode))
                 results[f"beam{beam}_{mode}"] = {"tokens_per_second": round(16 * n / statistics.median(times), 1),
                                                  "first_run_seconds": round(first, 2)}
             results[f"beam{beam}_same_tokens"] = all(np.array_equal(o, outputs["False"]) for o in outputs.values())

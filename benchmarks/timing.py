@@ -20,3 +20,12 @@ def first_then_repeats(run, repeats: int, warmups: int = 1):
         run()
         times.append(time.perf_counter() - t)
     return output, first, times
+
+
+def search_warmups(compile) -> int:
+    """The warm-up runs a `translate(..., compile=compile)` needs before it runs compiled:
+    two for a compiled search on PyTorch (a shape's first search runs eagerly there, its
+    second exports the programs), one otherwise."""
+    import keras
+
+    return 2 if keras.backend.backend() == "torch" and compile is not False else 1
