@@ -435,6 +435,16 @@ def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
         make_dataset(pairs, tokenizer, batch_tokens=8, max_length=16)
 
 
+def test_datasets_run_without_tf_datas_autotuning_thread(tokenizer):
+    # Deleting an iterator waits out the autotuner thread's optimization period (up to a
+    # minute): an iterator `fit` left behind froze the process for 5-50 s when Python's
+    # collector deleted it (`datasets._without_autotune_thread`).
+    pairs = [("forty - two", "I pizza")] * 3
+    for repeat in (False, True):
+        ds = make_dataset(pairs, tokenizer, batch_tokens=64, max_length=16, repeat=repeat)
+        assert ds.options().autotune.enabled is False
+
+
 def test_a_budget_larger_than_the_data_makes_batches_of_the_pairs_there_are(tokenizer):
     # `--batch-tokens 2147483647`: a repeated dataset filled one batch with the same pairs,
     # pass after pass (268 million rows), and training never started. Here 600 tokens at
