@@ -207,6 +207,16 @@ def test_torch_compile_gives_the_eager_search_tokens():
         warnings.simplefilter("error", CompileFailedWarning)  # a fallback would hide a failure
         got = to_numpy(_compiled_translate(model, SOURCE, 1, max_length=5, compile="torch.compile"), "int32")
     np.testing.assert_array_equal(got, expected)
+    # The compiled programs (Inductor's C++ wrapper) serve several threads at once.
+    results = []
+
+    def work(worker):
+        for _ in range(5):
+            results.append(to_numpy(model.translate(SOURCE, 1, max_length=5, compile="torch.compile"), "int32"))
+
+    assert run_in_threads(work) == [] and len(results) == 20
+    for tokens in results:
+        np.testing.assert_array_equal(tokens, expected)
 
 
 @torch_only

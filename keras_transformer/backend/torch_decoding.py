@@ -46,11 +46,12 @@ naming the reason, and it gives the same tokens. `Transformer.translate(...,
 compile=False)` asks for the eager search directly.
 
 `translate(..., compile="torch.compile")` also compiles each exported program with
-`torch.compile` (Inductor). In one run of `benchmarks/decode.py` on the workload above:
-16,942 / 7,917 tokens/s (greedy / beam 4) against 6,480 / 4,031 for the exported programs
-alone and 908 / 843 eager (JAX: 26,950 / 5,162; before the rewrites above, the exported
-programs made 4,150 / 2,027), but 16-20 s of Inductor compilation per program shape on 2
-CPU cores, against 1-2 s to export. The exported programs are the default.
+`torch.compile` (Inductor with its C++ wrapper: a step's ~50 kernels are called from C++,
+not from generated Python). In one run of `benchmarks/decode.py` on the workload above:
+14,762 / 6,467 tokens/s (greedy / beam 4) against 6,626 / 3,504 for the exported programs
+and 903 / 649 eager (JAX: 32,278 / 8,510; Inductor's Python wrapper made 9,967-11,798 /
+4,866-5,641 in runs of the same day), but 20-28 s for a shape's first two searches on 2
+CPU cores without Inductor's on-disk cache, against 3 s. The exported programs are the default.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
 `torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.
@@ -75,7 +76,7 @@ class ExportedSearch:
             `keras_transformer.backend.compile.compile_search`.
         variables: The variables the search reads, passed to every exported program.
         torch_compile: Also compile each exported program with `torch.compile`
-            (Inductor, default mode). Faster steps, but seconds of compilation per
+            (Inductor, default mode, C++ wrapper). Faster steps, but seconds of compilation per
             program shape.
         max_programs: Exported programs kept (per function and argument shapes).
         eager_calls: Calls of each source shape that run eagerly before its programs are
@@ -137,7 +138,8 @@ class ExportedSearch:
         # (the loop owns it), unless Inductor compiles the graph: it has its own pass.
         program = _Program(fn, self.variables, args, leaves, in_place=loop and not self.torch_compile)
         if self.torch_compile:
-            program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True)
+            # Inductor's C++ wrapper: a step's kernels called from C++, not from generated Python.
+            program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
         return program
 
 
