@@ -96,7 +96,7 @@ def _without_autotune_thread(ds: tf.data.Dataset) -> tf.data.Dataset:
     """tf.data's autotuner (`Options.autotune`) runs a thread per iterator whose deletion
     waits out the thread's current optimization period, which grows to a minute: an
     iterator `model.fit` leaves behind, collected later by Python's garbage collector,
-    froze its process for 5-50 s (TensorFlow 2.21, a training iterator 12 s old: deleted in
+    froze its process for up to 52 s (TensorFlow 2.21; a training iterator 12 s old: deleted in
     8-9.5 s with the autotuner, 0.01 s without). Without it, `AUTOTUNE` still means one
     parallel call per core for the maps, and the prefetch buffer still grows while the
     model waits for batches (the prefetch's own tuner): on 2 CPU cores the pipeline made
