@@ -59,8 +59,7 @@ On a GPU, the same tokens in every mode, but a step of a small model is launch-b
 
 from __future__ import annotations
 
-import collections
-import threading
+import itertools
 import warnings
 
 import keras
@@ -100,17 +99,14 @@ class ExportedSearch:
         self.torch_compile = torch_compile
         self.programs = FunctionCache(max_entries=max_programs)
         self.eager_calls = eager_calls
-        self._calls: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
+        # A call counter per recent source shape (4 x max_programs of them), each made once;
+        # `next` on an `itertools.count` is one C call, atomic under the GIL.
+        self._calls = FunctionCache(max_entries=4 * max_programs)
 
     def __call__(self, source_ids):
         import torch
 
-        key = _signature(source_ids)
-        with self._lock:  # calls so far of each recent source shape, 4 x max_programs of them
-            calls = self._calls[key] = self._calls.pop(key, 0) + 1
-            while len(self._calls) > 4 * self.programs.max_entries:
-                self._calls.popitem(last=False)
+        calls = next(self._calls.get(_signature(source_ids), lambda: itertools.count(1)))
         with torch.no_grad():
             if calls <= self.eager_calls:  # a shape not seen enough: eager
                 return self.search(source_ids, while_loop=eager_while_loop)
