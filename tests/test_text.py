@@ -437,7 +437,7 @@ def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
 
 def test_datasets_run_without_tf_datas_autotuning_thread(tokenizer):
     # Deleting an iterator waits out the autotuner thread's optimization period (up to a
-    # minute): an iterator `fit` left behind froze the process for 5-50 s when Python's
+    # minute): an iterator `fit` left behind froze the process for up to 52 s when Python's
     # collector deleted it (`datasets._without_autotune_thread`).
     pairs = [("forty - two", "I pizza")] * 3
     for repeat in (False, True):
