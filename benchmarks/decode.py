@@ -1,6 +1,7 @@
 """Decoding speed: greedy and beam search, with and without the KV cache, per backend.
 
-Each backend runs in its own process (a Keras backend is fixed per process). The model
+Each backend runs in its own process (a Keras backend is fixed per process), each after
+the first `--pause` seconds after the last ended. The model
 is a preset (`--preset`, `tiny` by default) with random weights; `[END]` is forbidden before the last step
 (`min_length`), so every run produces exactly `--output-tokens` tokens per sentence.
 Times are medians of `--repeats` runs after the warm-up runs that compile (one; two
@@ -30,10 +31,18 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 
 from timing import first_then_repeats, search_warmups
 
 HERE = pathlib.Path(__file__).parent
+# PAUSE_WHY: on the 2-core virtual machine this is developed on, a process started right
+# after another freed gigabytes of memory ran slower for a while: PyTorch's
+# `compile="torch.compile"` greedy search made 11,800 and 13,971 tokens/s just after a
+# process had filled and freed 3 GB, 16,280 and 16,844 when started 45 s later; in runs of
+# this script the backend measured after JAX's process lost 20-30% that way. Each backend
+# after the first waits `--pause` seconds, so that the rows compare the backends and not
+# their order.
 
 
 def measure(args) -> dict:
@@ -136,6 +145,8 @@ def main() -> int:
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--vocab-size", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pause", type=float, default=30.0,
+                        help="Seconds to wait before each backend's process after the first (see PAUSE_WHY).")
     parser.add_argument("--output", default=str(HERE / "results" / "decode.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="keras", help=argparse.SUPPRESS)
@@ -147,7 +158,9 @@ def main() -> int:
               "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
               "backends": {}}
     argv = [a for a in sys.argv[1:]]
-    for backend in args.backends:
+    for i, backend in enumerate(args.backends):
+        if i:
+            time.sleep(args.pause)  # PAUSE_WHY
         engine = "ctranslate2" if backend == "ctranslate2" else "keras"
         env = dict(os.environ, KERAS_BACKEND="torch" if engine == "ctranslate2" else backend, TF_CPP_MIN_LOG_LEVEL="3")
         result = subprocess.run([sys.executable, __file__, "--child", "--engine", engine, *argv], env=env,

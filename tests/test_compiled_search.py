@@ -202,21 +202,64 @@ def test_compile_accepts_true_false_or_torch_compile_on_pytorch():
 @torch_only
 def test_torch_compile_gives_the_eager_search_tokens():
     model = _model(5)
-    expected = to_numpy(model.translate(SOURCE, 1, max_length=5, compile=False), "int32")
+    # With a sentence of padding only: its cross-attention may attend to no key.
+    source = np.concatenate([SOURCE, np.zeros((1, SOURCE.shape[1]), "int32")])
+    # Beam search: its scores (log-probabilities) follow every attention weight.
+    expected, expected_scores = model.translate(source, 2, max_length=5, compile=False, return_scores=True)
+    expected = to_numpy(expected, "int32")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompileFailedWarning)  # a fallback would hide a failure
-        got = to_numpy(_compiled_translate(model, SOURCE, 1, max_length=5, compile="torch.compile"), "int32")
-    np.testing.assert_array_equal(got, expected)
+        got, scores = _compiled_translate(model, source, 2, max_length=5, compile="torch.compile", return_scores=True)
+    np.testing.assert_array_equal(to_numpy(got, "int32"), expected)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-5)
+    # The decoding step's four attentions (self and cross, two layers) were written out
+    # for Inductor; the encoder call's keep PyTorch's fused kernel.
+    (search,) = model._searches.values()
+    assert sorted(p.attentions_written_out for p in search.compiled.programs.values()) == [0, 4]
     # The compiled programs (Inductor's C++ wrapper) serve several threads at once.
     results = []
 
     def work(worker):
         for _ in range(5):
-            results.append(to_numpy(model.translate(SOURCE, 1, max_length=5, compile="torch.compile"), "int32"))
+            results.append(to_numpy(model.translate(source, 2, max_length=5, compile="torch.compile"), "int32"))
 
     assert run_in_threads(work) == [] and len(results) == 20
     for tokens in results:
         np.testing.assert_array_equal(tokens, expected)
+
+
+@torch_only
+def test_attention_written_out_computes_what_pytorchs_fused_kernel_does():
+    import torch
+
+    from keras_transformer.backend.torch_graph import attention_as_math
+
+    class Attentions(torch.nn.Module):
+        def forward(self, q1, q3, k, v, mask):
+            attend = torch.nn.functional.scaled_dot_product_attention
+            additive = torch.where(mask[:, :, :1], 0.0, -1e9)  # how Keras passes a mask
+            return (attend(q1, k, v, attn_mask=additive, scale=0.3),  # one query: a decoding step's
+                    attend(q1, k, v, attn_mask=mask[:, :, :1], is_causal=False, dropout_p=0.0),
+                    attend(q1, k, v),
+                    attend(q3, k, v, attn_mask=mask))  # three queries: kept
+
+    g = torch.Generator().manual_seed(0)
+    q1, q3, k, v = (torch.randn(shape, generator=g) for shape in ((3, 2, 1, 4), (3, 2, 3, 4), (3, 2, 6, 4), (3, 2, 6, 4)))
+    mask = torch.rand((3, 1, 3, 6), generator=g) > 0.4
+    mask[1] = False  # a sentence whose queries may attend to no key
+    mask[2, :, :, 0] = True
+    args = (q1, q3, k, v, mask)
+    graph = torch.export.export(Attentions(), args).graph_module
+    expected = graph(*args)
+    assert attention_as_math(graph) == 3
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.aten.scaled_dot_product_attention.default) == 1
+    got = graph(*args)
+    # No key to attend to: the mean of the values with Keras' additive mask, zeros with a boolean one.
+    np.testing.assert_allclose(expected[0][1].numpy(), v[1].mean(dim=-2, keepdim=True).numpy(), atol=1e-6)
+    assert not expected[1][1].any()
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6)
 
 
 @torch_only

@@ -6,6 +6,8 @@
 * `torch_decoding`: PyTorch decoding on `torch.export`: the encoder call and one loop
   iteration of a search, exported once per shape and replayed with the weights of the
   moment as arguments.
+* `torch_graph`: the passes that clean the exported graphs before they are replayed
+  (public `torch.fx` operations).
 
 Small workarounds of an engine's bug live in `keras_transformer._compat`, each with the
 upstream issue it works around. Layers and models never test the backend themselves.

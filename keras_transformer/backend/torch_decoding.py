@@ -21,18 +21,9 @@ maps the variables to them while exporting), so it holds no state: weights chang
 after export (training, `load_weights`) are used, and any number of threads can run one
 program at once. Programs are kept per function and per shapes and dtypes of the
 arguments, in the `ExportedSearch` of one model and one setting. The exported graphs run
-as `torch.fx.GraphModule`s, called directly with flat tensors, after a clean-up with
-public `torch.fx` operations (each a Python call saved per op and step, or a copy):
-
-* `_drop_no_ops`: the `.to()` calls Keras makes on tensors that already have the dtype
-  and the metadata assertions non-strict export adds for each (about 700 of a tiny
-  step's 870 nodes), and the `contiguous()` copies of the cache Keras' attention makes
-  for PyTorch's attention, which reads any strides;
-* `_fold_constants`: what depends on no input (the step's position table, the masks'
-  ranges, the constants export copies on every call) computed once;
-* `_write_in_place`: a loop's cache write (`index_copy`, which copies the whole cache
-  to change one position) made in place into the loop's own tensors, never into a
-  tensor the caller still holds or one another loop variable shares.
+as `torch.fx.GraphModule`s, called directly with flat tensors, after the clean-up passes
+of `keras_transformer.backend.torch_graph` (no-op conversions dropped, constants folded,
+a loop's cache written in place): each saves a Python call per op and step, or a copy.
 
 Exporting costs more than an eager search of a few sentences (three sentences x 40 tokens,
 beam 4, 2 CPU cores: `tiny` 1.0 s eager against 4.6 s exported at the first call, `small`
@@ -47,11 +38,15 @@ compile=False)` asks for the eager search directly.
 
 `translate(..., compile="torch.compile")` also compiles each exported program with
 `torch.compile` (Inductor with its C++ wrapper: a step's ~50 kernels are called from C++,
-not from generated Python). In one run of `benchmarks/decode.py` on the workload above:
-14,762 / 6,467 tokens/s (greedy / beam 4) against 6,626 / 3,504 for the exported programs
-and 903 / 649 eager (JAX: 32,278 / 8,510; Inductor's Python wrapper made 9,967-11,798 /
-4,866-5,641 in runs of the same day), but 20-28 s for a shape's first two searches on 2
-CPU cores without Inductor's on-disk cache, against 3 s. The exported programs are the default.
+not from generated Python), the attention of a decoding step written out as the products
+and the softmax it computes (`torch_graph.attention_as_math`: Inductor fuses them; it keeps
+PyTorch's fused attention as a call of its own). In one run of `benchmarks/decode.py` on
+the workload above: 17,272 / 6,617 tokens/s (greedy / beam 4) against 6,680 / 3,328 for
+the exported programs and 873 / 588 eager (JAX: 28,442 / 7,727); greedy in ten processes
+alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
+a shape's first two searches take 20-28 s on 2 CPU cores with Inductor's caches cold
+(about 5 s once its on-disk cache holds the programs), against 3 s to export. The
+exported programs are the default.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
 `torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.
@@ -64,6 +59,13 @@ import warnings
 
 import keras
 
+from keras_transformer.backend.torch_graph import (
+    attention_as_math,
+    drop_no_ops,
+    fold_constants,
+    own_constants_as_attributes,
+    write_in_place,
+)
 from keras_transformer.decoding import eager_while_loop
 
 
@@ -134,7 +136,9 @@ class ExportedSearch:
         # (the loop owns it), unless Inductor compiles the graph: it has its own pass.
         program = _Program(fn, self.variables, args, leaves, in_place=loop and not self.torch_compile)
         if self.torch_compile:
-            # Inductor's C++ wrapper: a step's kernels called from C++, not from generated Python.
+            # A step's attention as operations Inductor fuses; its C++ wrapper: the kernels
+            # called from C++, not from generated Python.
+            program.attentions_written_out = attention_as_math(program.graph)
             program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
         return program
 
@@ -147,9 +151,9 @@ class _Program:
     argument leaves); `keras.tree` flattens the arguments and packs the results.
     (`ExportedProgram.module()` would check the inputs' structure and shapes again on
     every call: a third of a tiny model's step.) Before it runs, the graph is cleaned
-    with public `torch.fx` operations: no-op conversions dropped (`_drop_no_ops`),
-    what depends only on constants computed once (`_fold_constants`) and, with
-    `in_place=True`, the cache writes made in place (`_write_in_place`).
+    by the passes of `torch_graph`: no-op conversions dropped (`drop_no_ops`), what
+    depends only on constants computed once (`fold_constants`) and, with
+    `in_place=True`, the cache writes made in place (`write_in_place`).
 
     Args:
         in_place: The graph may write into the argument tensors it overwrites anyway
@@ -187,10 +191,11 @@ class _Program:
                for spec in program.graph_signature.output_specs):
             raise ValueError("the function writes into its inputs")
         self.graph = program.graph_module
-        _own_constants_as_attributes(self.graph, program)
-        _drop_no_ops(self.graph)
-        _fold_constants(self.graph)
-        self.written = _write_in_place(self.graph, len(values)) if in_place else []
+        own_constants_as_attributes(self.graph, program)
+        drop_no_ops(self.graph)
+        fold_constants(self.graph)
+        self.written = write_in_place(self.graph, len(values)) if in_place else []
+        self.attentions_written_out = 0  # see `torch_graph.attention_as_math`
 
     def __call__(self, values, *args):
         """`fn(*args)` with the variables' values `values`."""
@@ -261,129 +266,6 @@ class _Run:
             flat = program.run(self.values, flat[:-1], owned=True, held=held)
             keep_going = flat[-1]
         return keras.tree.pack_sequence_as(loop_vars, list(flat[:-1]))
-
-
-def _drop_no_ops(graph) -> None:
-    """Remove what costs a Python call per step and computes nothing: the `.to()` calls
-    Keras makes on tensors that already have the dtype and device (`convert_to_tensor`,
-    `cast`), and the metadata assertions non-strict export adds for each (about 700 of
-    a tiny model step's 870 nodes). Public `torch.fx` operations only."""
-    import torch
-
-    conversions = (torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout, torch.ops.aten.to.device)
-    for node in list(graph.graph.nodes):
-        if node.op != "call_function" or node.target not in conversions:
-            continue
-        source, result = node.args[0], node.meta.get("val")
-        before = getattr(source, "meta", {}).get("val")
-        if isinstance(before, torch.Tensor) and isinstance(result, torch.Tensor) and (
-            before.dtype == result.dtype and before.device == result.device
-        ):
-            node.replace_all_uses_with(source)
-    # Keras' attention makes its transposed keys and values contiguous: a copy of the
-    # whole cache per layer and step. PyTorch's attention reads any strides.
-    attention = torch.ops.aten.scaled_dot_product_attention.default
-    for node in list(graph.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default and all(
-            user.op == "call_function" and user.target is attention for user in node.users
-        ):
-            node.replace_all_uses_with(node.args[0])
-    _drop_unused(graph)
-
-
-def _own_constants_as_attributes(graph, program) -> None:
-    """Make the program's own tensors (the constants export lifted to inputs) attributes
-    of the graph, so that its inputs are the values and the arguments only."""
-    import torch
-
-    kinds = torch.export.graph_signature.InputKind
-    constants = {**program.state_dict, **program.constants}
-    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
-    first = next(node for node in graph.graph.nodes if node.op != "placeholder")
-    for node, spec in zip(placeholders, program.graph_signature.input_specs):
-        if spec.kind == kinds.USER_INPUT:
-            continue
-        node.replace_all_uses_with(_attribute(graph, constants[spec.target], before=first))
-        graph.graph.erase_node(node)
-    graph.recompile()
-
-
-def _attribute(graph, value, before):
-    """A new node, placed before `before`, reading `value` kept as a buffer of the graph."""
-    name = f"constant_{len(list(graph.buffers()))}"
-    graph.register_buffer(name, value)
-    with graph.graph.inserting_before(before):
-        return graph.graph.get_attr(name)
-
-
-def _fold_constants(graph, max_elements: int = 1 << 20) -> None:
-    """Compute once what depends on no input: a step's position table, its masks'
-    `arange`s, the constants export copies on every call (`lift_fresh_copy`). Each
-    result (a tensor of at most `max_elements`) becomes an attribute of the graph."""
-    import torch
-
-    known = {node: getattr(graph, node.target) for node in graph.graph.nodes if node.op == "get_attr"}
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or not _is_aten_op(node.target):
-            continue
-        if node.is_impure() or torch.Tag.nondeterministic_seeded in node.target.tags:
-            continue
-        inputs = node.all_input_nodes
-        if not all(x in known for x in inputs):
-            continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda x: known[x])
-        value = node.target(*args, **kwargs)
-        if isinstance(value, torch.Tensor) and value.numel() <= max_elements:
-            known[node] = value
-    for node, value in known.items():
-        if node.op == "get_attr" or all(user in known for user in node.users):
-            continue
-        node.replace_all_uses_with(_attribute(graph, value, before=node))
-    _drop_unused(graph)
-
-
-def _write_in_place(graph, values_count: int) -> list[int]:
-    """Make `index_copy` (a cache write: a copy of the whole cache, to change one
-    position) write in place where nothing else reads the tensor it copies: an
-    intermediate result of an op that returns new memory, or an argument tensor.
-    Returns the positions, among the argument tensors, of those written into."""
-    import torch
-
-    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
-    written = []
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or node.target is not torch.ops.aten.index_copy.default:
-            continue
-        source = node.args[0]
-        if len(source.users) != 1:
-            continue
-        if source.op == "placeholder":
-            position = placeholders.index(source) - values_count
-            if position < 0:  # a weight
-                continue
-            written.append(position)
-        elif not (source.op == "call_function" and _is_aten_op(source.target)
-                  and not source.target.is_view):
-            continue
-        node.target = torch.ops.aten.index_copy_.default
-    graph.recompile()
-    return written
-
-
-def _drop_unused(graph) -> None:
-    """Nodes without users go, but for the program's inputs and outputs and the ops that
-    write into a tensor: the assertions count as side effects to FX and have no users."""
-    graph.graph.eliminate_dead_code(
-        is_impure_node=lambda node: node.op in ("placeholder", "output")
-        or (node.is_impure() and "assert" not in str(node.target))
-    )
-    graph.recompile()
-
-
-def _is_aten_op(target) -> bool:
-    """Whether an FX node's target is an ATen operator overload (what export records),
-    which says in its schema whether its result may alias an input (`is_view`)."""
-    return hasattr(target, "tags") and hasattr(target, "is_view")
 
 
 def _signature(args):

@@ -1,0 +1,197 @@
+"""Clean-up passes on the graphs `torch.export` records, public `torch.fx` operations only.
+
+`keras_transformer.backend.torch_decoding` runs them on each exported program before it
+replays it (each saves a Python call per op and step, or a copy):
+
+* `own_constants_as_attributes`: the constants export lifted to inputs become the
+  graph's own tensors, so that its inputs are the weights and the arguments only;
+* `drop_no_ops`: the `.to()` calls Keras makes on tensors that already have the dtype
+  and the metadata assertions non-strict export adds for each (about 700 of a tiny
+  step's 870 nodes), and the `contiguous()` copies of the cache Keras' attention makes
+  for PyTorch's attention, which reads any strides;
+* `fold_constants`: what depends on no input (the step's position table, the masks'
+  ranges, the constants export copies on every call) computed once;
+* `write_in_place`: a loop's cache write (`index_copy`, which copies the whole cache
+  to change one position) made in place into the loop's own tensors, never into a
+  tensor the caller still holds or one another loop variable shares;
+* `attention_as_math`: for `torch.compile` only, a decoding step's attention (one query
+  per sentence) written as the products and the softmax it computes, which Inductor
+  fuses with what surrounds them, in place of PyTorch's fused attention kernel.
+"""
+
+from __future__ import annotations
+
+__all__ = ["attention_as_math", "drop_no_ops", "fold_constants", "own_constants_as_attributes", "write_in_place"]
+
+
+def drop_no_ops(graph) -> None:
+    """Remove what costs a Python call per step and computes nothing: the `.to()` calls
+    Keras makes on tensors that already have the dtype and device (`convert_to_tensor`,
+    `cast`), and the metadata assertions non-strict export adds for each (about 700 of
+    a tiny model step's 870 nodes). Public `torch.fx` operations only."""
+    import torch
+
+    conversions = (torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout, torch.ops.aten.to.device)
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in conversions:
+            continue
+        source, result = node.args[0], node.meta.get("val")
+        before = getattr(source, "meta", {}).get("val")
+        if isinstance(before, torch.Tensor) and isinstance(result, torch.Tensor) and (
+            before.dtype == result.dtype and before.device == result.device
+        ):
+            node.replace_all_uses_with(source)
+    # Keras' attention makes its transposed keys and values contiguous: a copy of the
+    # whole cache per layer and step. PyTorch's attention reads any strides.
+    attention = torch.ops.aten.scaled_dot_product_attention.default
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.contiguous.default and all(
+            user.op == "call_function" and user.target is attention for user in node.users
+        ):
+            node.replace_all_uses_with(node.args[0])
+    _drop_unused(graph)
+
+
+def own_constants_as_attributes(graph, program) -> None:
+    """Make the program's own tensors (the constants export lifted to inputs) attributes
+    of the graph, so that its inputs are the values and the arguments only."""
+    import torch
+
+    kinds = torch.export.graph_signature.InputKind
+    constants = {**program.state_dict, **program.constants}
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    first = next(node for node in graph.graph.nodes if node.op != "placeholder")
+    for node, spec in zip(placeholders, program.graph_signature.input_specs):
+        if spec.kind == kinds.USER_INPUT:
+            continue
+        node.replace_all_uses_with(_attribute(graph, constants[spec.target], before=first))
+        graph.graph.erase_node(node)
+    graph.recompile()
+
+
+def _attribute(graph, value, before):
+    """A new node, placed before `before`, reading `value` kept as a buffer of the graph."""
+    name = f"constant_{len(list(graph.buffers()))}"
+    graph.register_buffer(name, value)
+    with graph.graph.inserting_before(before):
+        return graph.graph.get_attr(name)
+
+
+def fold_constants(graph, max_elements: int = 1 << 20) -> None:
+    """Compute once what depends on no input: a step's position table, its masks'
+    `arange`s, the constants export copies on every call (`lift_fresh_copy`). Each
+    result (a tensor of at most `max_elements`) becomes an attribute of the graph."""
+    import torch
+
+    known = {node: getattr(graph, node.target) for node in graph.graph.nodes if node.op == "get_attr"}
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not _is_aten_op(node.target):
+            continue
+        if node.is_impure() or torch.Tag.nondeterministic_seeded in node.target.tags:
+            continue
+        inputs = node.all_input_nodes
+        if not all(x in known for x in inputs):
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda x: known[x])
+        value = node.target(*args, **kwargs)
+        if isinstance(value, torch.Tensor) and value.numel() <= max_elements:
+            known[node] = value
+    for node, value in known.items():
+        if node.op == "get_attr" or all(user in known for user in node.users):
+            continue
+        node.replace_all_uses_with(_attribute(graph, value, before=node))
+    _drop_unused(graph)
+
+
+def write_in_place(graph, values_count: int) -> list[int]:
+    """Make `index_copy` (a cache write: a copy of the whole cache, to change one
+    position) write in place where nothing else reads the tensor it copies: an
+    intermediate result of an op that returns new memory, or an argument tensor.
+    Returns the positions, among the argument tensors, of those written into."""
+    import torch
+
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    written = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.index_copy.default:
+            continue
+        source = node.args[0]
+        if len(source.users) != 1:
+            continue
+        if source.op == "placeholder":
+            position = placeholders.index(source) - values_count
+            if position < 0:  # a weight
+                continue
+            written.append(position)
+        elif not (source.op == "call_function" and _is_aten_op(source.target)
+                  and not source.target.is_view):
+            continue
+        node.target = torch.ops.aten.index_copy_.default
+    graph.recompile()
+    return written
+
+
+def _drop_unused(graph) -> None:
+    """Nodes without users go, but for the program's inputs and outputs and the ops that
+    write into a tensor: the assertions count as side effects to FX and have no users."""
+    graph.graph.eliminate_dead_code(
+        is_impure_node=lambda node: node.op in ("placeholder", "output")
+        or (node.is_impure() and "assert" not in str(node.target))
+    )
+    graph.recompile()
+
+
+def _is_aten_op(target) -> bool:
+    """Whether an FX node's target is an ATen operator overload (what export records),
+    which says in its schema whether its result may alias an input (`is_view`)."""
+    return hasattr(target, "tags") and hasattr(target, "is_view")
+
+
+def attention_as_math(graph) -> int:
+    """Write each attention of one query (`scaled_dot_product_attention` with a query
+    length of 1, no dropout, not causal: a decoding step's) as the operations it
+    computes, `softmax(q k^T * scale + mask) v`, for Inductor to compile with what
+    surrounds it. Returns how many were rewritten.
+
+    PyTorch's fused attention is one kernel call, fastest where the graph is replayed op
+    by op, but Inductor keeps it as an opaque call of its own. `benchmarks/decode.py`'s
+    greedy workload under `torch.compile` (tiny, 8 x 64 tokens, 2 CPU cores), ten
+    processes alternated: 16,372-17,208 tokens/s written out, 10,089-14,995 with the
+    kernel, the same tokens; the exported programs replayed without Inductor lost 8%
+    greedy that way, so only `torch.compile`'s programs are rewritten. Attention over many
+    queries (the encoder's) keeps the fused kernel, which never forms the scores of every
+    pair at once.
+    """
+    import torch
+
+    attention = torch.ops.aten.scaled_dot_product_attention.default
+    rewritten = 0
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or node.target is not attention:
+            continue
+        settings = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal"), node.args), **node.kwargs)
+        if (settings["query"].meta["val"].shape[-2] != 1 or settings.get("dropout_p", 0.0) != 0.0
+                or settings.get("is_causal") or settings.get("enable_gqa")):
+            continue
+        node.target = _attention
+        rewritten += 1
+    graph.recompile()
+    return rewritten
+
+
+def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """What `scaled_dot_product_attention` computes without dropout, the softmax in
+    float32. A float mask is added to the scores (Keras passes its masks so); with a
+    boolean one (`True`: may attend), a query that may attend to no key gets zeros, as
+    the fused kernel gives."""
+    import torch
+
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(-2, -1)).float() * scale
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        weights = torch.softmax(torch.where(attn_mask, scores, float("-inf")), dim=-1)
+        weights = torch.where(attn_mask, weights, 0.0)  # a row of no key: NaN from the softmax, zeros here
+    else:
+        weights = torch.softmax(scores if attn_mask is None else scores + attn_mask, dim=-1)
+    return torch.matmul(weights.to(value.dtype), value)
