@@ -44,7 +44,7 @@ PyTorch's fused attention as a call of its own). In one run of `benchmarks/decod
 the workload above: 17,272 / 6,617 tokens/s (greedy / beam 4) against 6,680 / 3,328 for
 the exported programs and 873 / 588 eager (JAX: 28,442 / 7,727); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
-a shape's first two searches take 20-28 s on 2 CPU cores with Inductor's caches cold
+a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
 (about 5 s once its on-disk cache holds the programs), against 3 s to export. The
 exported programs are the default.
 
