@@ -41,8 +41,8 @@ compile=False)` asks for the eager search directly.
 not from generated Python), the attention of a decoding step written out as the products
 and the softmax it computes (`torch_graph.attention_as_math`: Inductor fuses them; it keeps
 PyTorch's fused attention as a call of its own). In one run of `benchmarks/decode.py` on
-the workload above: 17,272 / 6,617 tokens/s (greedy / beam 4) against 6,680 / 3,328 for
-the exported programs and 873 / 588 eager (JAX: 28,442 / 7,727); greedy in ten processes
+the workload above: 17,499 / 7,206 tokens/s (greedy / beam 4) against 6,644 / 3,317 for
+the exported programs and 828 / 653 eager (JAX: 29,076 / 8,399); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
 a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
 (about 5 s once its on-disk cache holds the programs), against 3 s to export. The
