@@ -279,6 +279,10 @@ def test_a_shapes_first_search_runs_eagerly_and_its_second_exports():
 
 @torch_only
 def test_exported_programs_take_the_weights_as_arguments():
+    import torch
+
+    from keras_transformer.backend import torch_graph
+
     # Nothing of the model's state is baked in: a program holds no variable's value.
     model = _model(6)
     _compiled_translate(model, SOURCE, 2, max_length=5)
@@ -287,7 +291,11 @@ def test_exported_programs_take_the_weights_as_arguments():
     assert len(programs) == 2  # the encoder call and one loop iteration
     weights = [to_numpy(v.value) for v in model.variables]
     pointers = {v.value.untyped_storage().data_ptr() for v in model.variables}
+    public = torch_graph._public_functions()
     for program in programs:
+        # Replayed op by op, each operator through its public function where it has one.
+        targets = {node.target for node in program.graph.graph.nodes if node.op == "call_function"}
+        assert torch.add in targets and not targets & set(public)
         # Its own tensors: the scalars Keras made and what `_fold_constants` computed from
         # them (position tables, masks' ranges), none of them a weight or a weight's copy.
         own = [to_numpy(b) for b in program.graph.buffers()]

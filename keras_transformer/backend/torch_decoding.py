@@ -61,6 +61,7 @@ import keras
 
 from keras_transformer.backend.torch_graph import (
     attention_as_math,
+    call_public_functions,
     drop_no_ops,
     fold_constants,
     own_constants_as_attributes,
@@ -140,6 +141,8 @@ class ExportedSearch:
             # called from C++, not from generated Python.
             program.attentions_written_out = attention_as_math(program.graph)
             program.graph = torch.compile(program.graph, dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
+        else:  # replayed op by op: each through its public function, one C call
+            call_public_functions(program.graph)
         return program
 
 
