@@ -23,7 +23,8 @@ program at once. Programs are kept per function and per shapes and dtypes of the
 arguments, in the `ExportedSearch` of one model and one setting. The exported graphs run
 as `torch.fx.GraphModule`s, called directly with flat tensors, after the clean-up passes
 of `keras_transformer.backend.torch_graph` (no-op conversions dropped, constants folded,
-a loop's cache written in place): each saves a Python call per op and step, or a copy.
+a loop's cache written in place, each operator called through its public `torch`
+function): each saves Python per op and step, or a copy.
 
 Exporting costs more than an eager search of a few sentences (three sentences x 40 tokens,
 beam 4, 2 CPU cores: `tiny` 1.0 s eager against 4.6 s exported at the first call, `small`
@@ -41,8 +42,8 @@ compile=False)` asks for the eager search directly.
 not from generated Python), the attention of a decoding step written out as the products
 and the softmax it computes (`torch_graph.attention_as_math`: Inductor fuses them; it keeps
 PyTorch's fused attention as a call of its own). In one run of `benchmarks/decode.py` on
-the workload above: 17,499 / 7,206 tokens/s (greedy / beam 4) against 6,644 / 3,317 for
-the exported programs and 828 / 653 eager (JAX: 29,076 / 8,399); greedy in ten processes
+the workload above: 17,062 / 6,718 tokens/s (greedy / beam 4) against 8,674 / 3,246 for
+the exported programs and 880 / 604 eager (JAX: 31,326 / 8,606); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
 a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
 (about 5 s once its on-disk cache holds the programs), against 3 s to export. The
