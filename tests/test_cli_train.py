@@ -580,14 +580,27 @@ def test_a_run_stops_at_its_validation_target_and_a_rerun_trains_no_further(tmp_
         else:
             (tmp_path / "metrics.json").write_bytes(junk)
         assert run_setup.finished_metrics(config, tmp_path) is None, junk
-    # A resumption state that is not one is one error line; nothing is lost or written.
+    # A resumption state that is not one (cut short, or another kind of file, which NumPy
+    # would read as a pickle) is one error line; nothing is lost or written.
     state = (tmp_path / "state" / "state.npz").read_bytes()
-    (tmp_path / "state" / "state.npz").write_bytes(b"PK\x03\x04 cut short")
+    for junk in (b"PK\x03\x04 cut short", b"x\n"):
+        (tmp_path / "state" / "state.npz").write_bytes(junk)
+        before = _snapshot(tmp_path)
+        assert _run(tmp_path, small, *args) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and "state.npz is not a resumption state (BadZipFile" in err, err
+        assert "pickle" not in err, err
+        assert _snapshot(tmp_path) == before
+    # The lock file replaced by a directory: one line naming it, nothing written.
+    (tmp_path / "train.lock").unlink()
+    (tmp_path / "train.lock").mkdir()
     before = _snapshot(tmp_path)
     assert _run(tmp_path, small, *args) == 2
     err = capsys.readouterr().err
-    assert err.count("error:") == 1 and "state.npz is not a resumption state (BadZipFile" in err, err
+    assert err.count("error:") == 1 and "train.lock cannot be opened as the run's lock file" in err, err
     assert _snapshot(tmp_path) == before
+    (tmp_path / "train.lock").rmdir()
+    (tmp_path / "train.lock").touch()
     # So is every other file a resume reads, found before training: the epoch and best
     # checkpoints, the best epochs' scores, the log; each named, with what to do.
     (tmp_path / "state" / "state.npz").write_bytes(state)

@@ -173,7 +173,7 @@ class TrainingState(keras.callbacks.Callback):
         if not path.is_file():
             return None
         try:
-            with np.load(path) as data:
+            with files.load_npz(path) as data:
                 return read(data)
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
             raise ValueError(f"{path} is not a resumption state ({type(e).__name__}: {e})") from None
@@ -351,7 +351,7 @@ def average_checkpoints(model: keras.Model, paths) -> int:
     total = None
     for path in paths:
         try:
-            with np.load(path) as data:
+            with files.load_npz(path) as data:
                 arrays = {k: data[k].astype("float64") for k in data.files}
         except (OSError, ValueError, zipfile.BadZipFile) as e:
             raise _unreadable_checkpoint(path, e) from None

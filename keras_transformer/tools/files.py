@@ -197,12 +197,18 @@ def atomic_write(path):
 def lock(path, busy: Exception):
     """Hold an exclusive lock on the file `path` (created if missing) for the block.
 
-    Raises `busy` if another process holds it. The lock is the operating system's
+    Raises `busy` if another process holds it, `RunDirError` if `path` cannot be opened
+    (a directory in its place, no permission). The lock is the operating system's
     (`flock`): it goes away with the process, however the process ends.
     """
     import fcntl
 
-    with open(path, "a") as handle:
+    try:
+        handle = open(path, "a")
+    except OSError as e:
+        raise RunDirError(f"{path} cannot be opened as the run's lock file ({e.strerror or e}): "
+                          "if no `train` runs on this directory, remove it and run again.") from None
+    with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -229,6 +235,18 @@ def lock_held(path) -> bool:
             return True
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         return False
+
+
+def load_npz(path):
+    """`np.load` of an `.npz` archive; any other file raises `zipfile.BadZipFile` (NumPy
+    would read it as a pickle and suggest allowing pickles)."""
+    import zipfile
+
+    import numpy as np
+
+    if not zipfile.is_zipfile(path):
+        raise zipfile.BadZipFile("not an .npz archive: damaged, cut short or another kind of file")
+    return np.load(path)
 
 
 def write_text(path, text: str) -> None:
