@@ -304,6 +304,17 @@ def test_exported_programs_take_the_weights_as_arguments():
         # What depends on no input was computed once, not on every call.
         computed = [node for node in program.graph.graph.nodes if node.op == "call_function"]
         assert all(any(x.op != "get_attr" for x in node.all_input_nodes) for node in computed)
+        # Nothing computed twice (`merge_repeats`; but for the in-place writes and the copies
+        # they write into), from one constant held twice, or permuted and then put back.
+        assert program.merged > 0
+        writes = [node for node in computed if getattr(node.target, "__name__", "").split(".")[0].endswith("_")]
+        pure = [node for node in computed if node not in writes and node not in [w.args[0] for w in writes]]
+        keys = [repr((node.target, node.args, node.kwargs)) for node in pure]
+        assert len(set(keys)) == len(keys), sorted(k for k in keys if keys.count(k) > 1)
+        assert len({(b.dtype, tuple(b.shape), b.numpy().tobytes()) for b in program.graph.buffers()}) == len(own)
+        for node in computed:
+            source = node.args[0] if node.target is torch.transpose else None
+            assert getattr(source, "target", None) is not torch.permute, node
 
 
 @torch_only

@@ -8,9 +8,13 @@ replays it (each saves a Python call per op and step, or a copy):
 * `drop_no_ops`: the `.to()` calls Keras makes on tensors that already have the dtype
   and the metadata assertions non-strict export adds for each (about 700 of a tiny
   step's 870 nodes), and the `contiguous()` copies of the cache Keras' attention makes
-  for PyTorch's attention, which reads any strides;
+  for PyTorch's attention, which reads any strides, and the permutation of the cache
+  Keras' attention makes and PyTorch's attention undoes;
 * `fold_constants`: what depends on no input (the step's position table, the masks'
   ranges, the constants export copies on every call) computed once;
+* `merge_repeats`: what a graph computes twice from the same inputs (each layer's copy
+  of a step's masks and positions) computed once, by torch.fx's common subexpression
+  elimination;
 * `write_in_place`: a loop's cache write (`index_copy`, which copies the whole cache
   to change one position) made in place into the loop's own tensors, never into a
   tensor the caller still holds or one another loop variable shares;
@@ -24,8 +28,8 @@ replays it (each saves a Python call per op and step, or a copy):
 
 from __future__ import annotations
 
-__all__ = ["attention_as_math", "call_public_functions", "drop_no_ops", "fold_constants", "own_constants_as_attributes",
-           "write_in_place"]
+__all__ = ["attention_as_math", "call_public_functions", "drop_no_ops", "fold_constants", "merge_repeats",
+           "own_constants_as_attributes", "write_in_place"]
 
 
 def drop_no_ops(graph) -> None:
@@ -53,7 +57,46 @@ def drop_no_ops(graph) -> None:
             user.op == "call_function" and user.target is attention for user in node.users
         ):
             node.replace_all_uses_with(node.args[0])
+    # Keras keeps a cache as (batch, heads, length, depth), its attention permutes it to
+    # (batch, length, heads, depth) and PyTorch's attention back: two views per use.
+    for node in list(graph.graph.nodes):
+        source = node.args[0] if node.op == "call_function" and node.target is torch.ops.aten.transpose.int else None
+        if getattr(source, "target", None) is torch.ops.aten.permute.default:
+            order = list(source.args[1])
+            first, second = (axis % len(order) for axis in node.args[1:3])
+            order[first], order[second] = order[second], order[first]
+            if order == list(range(len(order))):
+                node.replace_all_uses_with(source.args[0])
     _drop_unused(graph)
+
+
+def merge_repeats(graph):
+    """One node for each computation a graph repeats on the same inputs (a decoding
+    step's masks and positions, made again by each layer): torch.fx's common
+    subexpression elimination (`CSEPass`). Returns the graph to use (a new one when
+    nodes merged) and how many call nodes it saved.
+
+    The pass assumes a functional graph. A write in place (an ATen operator whose name
+    ends in an underscore) is allowed into a tensor only it reads (a decoding step
+    writes the chosen tokens into a `clone`): neither the write nor what makes its
+    tensor is merged. A graph with another write is returned as it is, and so is every
+    graph if a PyTorch release moves the pass (torch.fx marks it not backward compatible;
+    `test_exported_programs_take_the_weights_as_arguments` then fails)."""
+    try:
+        from torch.fx.passes.dialect.common.cse_pass import CSEPass, get_CSE_banned_ops
+    except ImportError:
+        return graph, 0
+
+    calls = [node for node in graph.graph.nodes if node.op == "call_function"]
+    writes = [node for node in calls if _is_aten_op(node.target) and node.target.name().split(".")[0].endswith("_")]
+    written = [node.args[0] for node in writes]
+    if not all(getattr(x, "op", None) == "call_function" and _is_aten_op(x.target) and not x.target.is_view
+               and len(x.users) == 1 for x in written):
+        return graph, 0
+    banned = get_CSE_banned_ops() | {node.target.overloadpacket for node in writes + written}
+    merged = CSEPass(banned_ops=banned)(graph).graph_module
+    merged.recompile()
+    return merged, len(calls) - sum(node.op == "call_function" for node in merged.graph.nodes)
 
 
 def own_constants_as_attributes(graph, program) -> None:
@@ -74,9 +117,16 @@ def own_constants_as_attributes(graph, program) -> None:
 
 
 def _attribute(graph, value, before):
-    """A new node, placed before `before`, reading `value` kept as a buffer of the graph."""
-    name = f"constant_{len(list(graph.buffers()))}"
-    graph.register_buffer(name, value)
+    """A new node, placed before `before`, reading `value` kept as a buffer of the graph;
+    a buffer equal to `value` (dtype, shape, elements) is reused, so that equal constants
+    are one input to `merge_repeats`."""
+    import torch
+
+    name = next((key for key, buffer in graph.named_buffers() if buffer.dtype == value.dtype
+                 and buffer.shape == value.shape and torch.equal(buffer, value)), None)
+    if name is None:
+        name = f"constant_{len(list(graph.buffers()))}"
+        graph.register_buffer(name, value)
     with graph.graph.inserting_before(before):
         return graph.graph.get_attr(name)
 
