@@ -4,7 +4,8 @@
 and a mistyped flag should not wait for that. So the package object is created without
 running its `__init__` while the parser loads (the parser needs only
 `keras_transformer.defaults`, `keras_transformer.tools.config` and the command modules,
-which import no backend), and its `__init__` runs once the arguments are known to be good.
+which import no backend), and its `__init__` runs once the arguments are known to be good
+(never for `launch`, which starts processes that load it).
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ def main(argv=None) -> int:
     settings, status = cli.checked(args)  # so do mistakes in the settings, before the backend loads
     if status is not None:
         return status
-    with cli.quiet_backend_start(enabled=not args.verbose):
-        spec.loader.exec_module(package)  # the library: Keras and the backend
+    if not getattr(args, "loads_library", True):  # `launch`: its processes load it
+        return cli.run(args, settings)
+    try:
+        with cli.quiet_backend_start(enabled=not args.verbose):
+            spec.loader.exec_module(package)  # the library: Keras and the backend
+    except KeyboardInterrupt:  # Ctrl-C while the backend loads: as during the command
+        print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
+        return 130
     return cli.run(args, settings)
 
 

@@ -377,6 +377,40 @@ def test_shards_of_an_epoch_are_the_training_split_once():
         make_dataset(pairs, tokenizer, 200, 32, num_shards=2, shard_index=2)
 
 
+@only_on("torch", "launch's own code, the same on every backend; its processes are stopped while they start")
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="needs Linux's /proc/PID/task/TID/children to find launch's processes")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_launch_reaches_every_process_and_none_goes_on(tmp_path, signum):
+    """A scheduler's SIGTERM, or a Ctrl-C (SIGINT to launch alone: its processes are in
+    process groups of their own), is passed on to every process; launch exits 128 + the
+    signal once they have ended, and no process is left training on its own."""
+    argv = ["launch", "--processes", "2", "--", "train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--steps", "4"]
+    launcher = subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    children, deadline = [], time.time() + 120
+    while len(children) < 2:
+        assert launcher.poll() is None and time.time() < deadline, launcher.communicate()[1][-3000:]
+        with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+            children = f.read().split()
+        time.sleep(0.02)
+    # Each in a group of its own: a Ctrl-C in a terminal reaches launch's group, not theirs, and
+    # each process gets the signal once, from launch.
+    assert [os.getpgid(int(pid)) for pid in children] == [int(pid) for pid in children]
+    time.sleep(1.0)  # the processes are loading the library
+    with open(f"/proc/{launcher.pid}/maps") as f:  # which launch itself never loads
+        assert "libtorch" not in f.read()
+    launcher.send_signal(signum)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signum, err[-3000:]
+    name = signal.Signals(signum).name
+    assert f"keras-transformer launch: {name}: passed on to the 2 processes, which have ended" in err, err[-3000:]
+    assert "killed by" not in err and "Traceback" not in err, err[-3000:]
+    if signum == signal.SIGINT:  # each process stopped as a Ctrl-C stops it alone
+        assert err.count("keras-transformer train: interrupted") == 2, err[-3000:]
+    assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")], children
+
+
 def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     from tests.test_cli_train import LAUNCHER
 

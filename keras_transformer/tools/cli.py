@@ -156,15 +156,18 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         settings, status = checked(args)
         if status is not None:
             return status
-    from keras_transformer.tools.text.corpora import CorpusError
-
+    mistakes = (RunError, RunDirError)
     try:
-        with quiet_backend_start(enabled=not args.verbose):
-            pass  # TensorFlow (the data pipeline's) loads here, its start-up lines filtered
+        if getattr(args, "loads_library", True):  # not `launch`, whose processes load it
+            from keras_transformer.tools.text.corpora import CorpusError  # the text package: TensorFlow
+
+            mistakes += (CorpusError,)
+            with quiet_backend_start(enabled=not args.verbose):
+                pass  # TensorFlow (the data pipeline's) loads here, its start-up lines filtered
         with warnings.catch_warnings():
             warnings.showwarning = functools.partial(_show_warning, args.command, warnings.showwarning)
             return settings.handler(settings)
-    except (RunError, RunDirError, CorpusError) as e:
+    except mistakes as e:
         _print_error(args, e)
         return 2
     except KeyboardInterrupt:

@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=at_least(1), default=None,
                    help="The coordinator's port on localhost. [default: a free one]")
     p.add_argument("train_argv", nargs=argparse.REMAINDER, metavar="-- train ...", help="train and its flags")
-    p.set_defaults(handler=run, check=check)
+    # Starts processes and waits: the library (Keras, a backend: seconds) is theirs to load.
+    p.set_defaults(handler=run, check=check, loads_library=False)
 
 
 def check(args) -> dict:
@@ -70,20 +71,51 @@ def _check_train(command) -> None:
     train.check_run_dir(child.output_dir, train.settings(child))
 
 
+# What stops a run: Ctrl-C, a scheduler's or `kill`'s SIGTERM, a closed terminal's SIGHUP.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def run(args) -> int:
+    """Start the processes, each in a process group of its own, and wait for them. A
+    signal that stops the run reaches `launch` alone (a Ctrl-C reaches the terminal's
+    foreground group, and `kill` one process), so `launch` passes it on once to each
+    process (a Ctrl-C stops `train` cleanly, as in one process) and exits 128 + the
+    signal's number once they have ended: no process is left training on its own."""
     port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
-    children = []
-    for index in range(args.processes):
-        env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
-        children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env))
+    children, received, signaled = [], [], set()
+
+    def forward(signum, frame):
+        received.append(signum)
+        for child in children:
+            if child.poll() is None and child.pid not in signaled:
+                signaled.add(child.pid)
+                child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
-        return _wait(children)
-    except KeyboardInterrupt:  # a Ctrl-C reaches every child (one process group): wait for them
-        return _wait(children) or 130
+        for index in range(args.processes):
+            if received:
+                break
+            env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
+            children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0))
+            if received and children[-1].pid not in signaled:  # the signal came while it started
+                signaled.add(children[-1].pid)
+                children[-1].send_signal(received[0])
+        status = _wait(children, received)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"keras-transformer launch: {name}: passed on to the {len(children)} processes, which have ended; "
+              "the same launch resumes the run from its last epoch.", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    return status
 
 
-def _wait(children) -> int:
-    """The first failure's status once every child has ended (0 if all succeeded)."""
+def _wait(children, received=()) -> int:
+    """The first failure's status once every child has ended (0 if all succeeded). A child
+    ended by a signal is named, but for one `launch` passed on (in `received`)."""
     status = 0
     pending = dict(enumerate(children))
     while pending:
@@ -92,10 +124,9 @@ def _wait(children) -> int:
             if code is None:
                 continue
             del pending[index]
-            if code < 0:
+            if code < 0 and -code not in received:
                 name = signal.Signals(-code).name
                 print(f"keras-transformer launch: process {index} was killed by {name}", file=sys.stderr, flush=True)
-                code = 1
-            status = status or code
+            status = status or (1 if code < 0 else code)
         time.sleep(0.2)
     return status
