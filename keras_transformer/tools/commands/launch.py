@@ -78,17 +78,17 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def run(args) -> int:
     """Start the processes, each in a process group of its own, and wait for them. A
     signal that stops the run reaches `launch` alone (a Ctrl-C reaches the terminal's
-    foreground group, and `kill` one process), so `launch` passes it on once to each
-    process (a Ctrl-C stops `train` cleanly, as in one process) and exits 128 + the
-    signal's number once they have ended: no process is left training on its own."""
+    foreground group, and `kill` one process), so `launch` passes each one on once to
+    each process (a Ctrl-C stops `train` cleanly, as in one process) and exits 128 + the
+    first signal's number once they have ended: no process is left training on its own."""
     port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
-    children, received, signaled = [], [], set()
+    children, received, passed = [], [], {}  # passed: how many of the signals each process got
 
-    def forward(signum, frame):
+    def forward(signum, frame):  # a second Ctrl-C is passed on too, as a second one
         received.append(signum)
         for child in children:
-            if child.poll() is None and child.pid not in signaled:
-                signaled.add(child.pid)
+            if child.poll() is None:
+                passed[child.pid] = len(received)
                 child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in _FORWARDED}
@@ -98,9 +98,9 @@ def run(args) -> int:
                 break
             env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
             children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0))
-            if received and children[-1].pid not in signaled:  # the signal came while it started
-                signaled.add(children[-1].pid)
-                children[-1].send_signal(received[0])
+            if passed.get(children[-1].pid, 0) < len(received):  # a signal came while it started
+                passed[children[-1].pid] = len(received)
+                children[-1].send_signal(received[-1])
         status = _wait(children, received)
     finally:
         for number, handler in previous.items():
