@@ -34,8 +34,7 @@ def main(argv=None) -> int:
         with cli.quiet_backend_start(enabled=not args.verbose):
             spec.loader.exec_module(package)  # the library: Keras and the backend
     except KeyboardInterrupt:  # Ctrl-C while the backend loads: as during the command
-        print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return cli.interrupted(args)
     return cli.run(args, settings)
 
 

@@ -285,10 +285,13 @@ def test_exported_programs_take_the_weights_as_arguments():
 
     # Nothing of the model's state is baked in: a program holds no variable's value.
     model = _model(6)
+    # Beam search, and greedy search, whose step writes the chosen tokens in place into a
+    # copy nothing else reads (what `merge_repeats` accepts).
     _compiled_translate(model, SOURCE, 2, max_length=5)
-    (search,) = model._searches.values()
-    programs = search.compiled.programs.values()
-    assert len(programs) == 2  # the encoder call and one loop iteration
+    _compiled_translate(model, SOURCE, 1, max_length=5)
+    searches = list(model._searches.values())
+    assert [len(search.compiled.programs) for search in searches] == [2, 2]  # the encoder call, one loop iteration
+    programs = [program for search in searches for program in search.compiled.programs.values()]
     weights = [to_numpy(v.value) for v in model.variables]
     pointers = {v.value.untyped_storage().data_ptr() for v in model.variables}
     public = torch_graph._public_functions()

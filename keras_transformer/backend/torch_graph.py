@@ -90,8 +90,7 @@ def merge_repeats(graph):
     calls = [node for node in graph.graph.nodes if node.op == "call_function"]
     writes = [node for node in calls if _is_aten_op(node.target) and node.target.name().split(".")[0].endswith("_")]
     written = [node.args[0] for node in writes]
-    if not all(getattr(x, "op", None) == "call_function" and _is_aten_op(x.target) and not x.target.is_view
-               and len(x.users) == 1 for x in written):
+    if not all(_read_once_new(x) for x in written):
         return graph, 0
     banned = get_CSE_banned_ops() | {node.target.overloadpacket for node in writes + written}
     merged = CSEPass(banned_ops=banned)(graph).graph_module
@@ -170,15 +169,12 @@ def write_in_place(graph, values_count: int) -> list[int]:
         if node.op != "call_function" or node.target is not torch.ops.aten.index_copy.default:
             continue
         source = node.args[0]
-        if len(source.users) != 1:
-            continue
-        if source.op == "placeholder":
+        if source.op == "placeholder" and len(source.users) == 1:
             position = placeholders.index(source) - values_count
             if position < 0:  # a weight
                 continue
             written.append(position)
-        elif not (source.op == "call_function" and _is_aten_op(source.target)
-                  and not source.target.is_view):
+        elif not _read_once_new(source):
             continue
         node.target = torch.ops.aten.index_copy_.default
     graph.recompile()
@@ -193,6 +189,13 @@ def _drop_unused(graph) -> None:
         or (node.is_impure() and "assert" not in str(node.target))
     )
     graph.recompile()
+
+
+def _read_once_new(node) -> bool:
+    """Whether `node` is an ATen operator's new tensor (not a view of another) that one
+    node alone reads: that reader may write into it in place unseen by the rest."""
+    return (getattr(node, "op", None) == "call_function" and _is_aten_op(node.target) and not node.target.is_view
+            and len(node.users) == 1)
 
 
 def _is_aten_op(target) -> bool:

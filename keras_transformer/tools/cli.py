@@ -146,6 +146,12 @@ def check_backend(command: str) -> None:
                        f"set it to one of {', '.join(BACKENDS)}")
 
 
+def interrupted(args) -> int:
+    """A Ctrl-C: one line, status 130 (128 + SIGINT), wherever the command was."""
+    print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
+    return 130
+
+
 def run(args, settings: argparse.Namespace | None = None) -> int:
     """Run a parsed command: status 0 on success, 2 with one `error:` line for a mistake in
     the input, 1 with one line when the operating system refuses a read or a write (a full
@@ -171,8 +177,7 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         _print_error(args, e)
         return 2
     except KeyboardInterrupt:
-        print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return interrupted(args)
     except Exception as e:
         if isinstance(e, BrokenPipeError) and _reader_gone(sys.stdout):
             _drop_unwritten(sys.stdout)
