@@ -92,6 +92,13 @@ def merge_repeats(graph):
     written = [node.args[0] for node in writes]
     if not all(_read_once_new(x) for x in written):
         return graph, 0
+    # The pass compares arguments by node: each buffer read once, or a layer's mask, made
+    # from its own read of a shared constant, would not be merged with another layer's.
+    read = {}
+    for node in list(graph.graph.nodes):
+        if node.op == "get_attr" and read.setdefault(node.target, node) is not node:
+            node.replace_all_uses_with(read[node.target])
+            graph.graph.erase_node(node)
     banned = get_CSE_banned_ops() | {node.target.overloadpacket for node in writes + written}
     merged = CSEPass(banned_ops=banned)(graph).graph_module
     merged.recompile()
