@@ -42,9 +42,9 @@ compile=False)` asks for the eager search directly.
 not from generated Python), the attention of a decoding step written out as the products
 and the softmax it computes (`torch_graph.attention_as_math`: Inductor fuses them; it keeps
 PyTorch's fused attention as a call of its own). In two runs of `benchmarks/decode.py` on
-the workload above: 13,262 / 7,474 and 13,198 / 5,124 tokens/s (greedy / beam 4) against
-9,228 / 4,693 and 6,920 / 3,656 for the exported programs and 918 / 698 and 779 / 680 eager
-(JAX: 27,164 / 8,758 and 30,345 / 8,724); greedy in ten processes
+the workload above: 17,165 / 7,782 and 13,320 / 7,727 tokens/s (greedy / beam 4) against
+9,840 / 4,473 and 9,854 / 3,469 for the exported programs and 873 / 718 and 925 / 708 eager
+(JAX: 32,382 / 7,266 and 31,848 / 8,687); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
 a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
 (about 5 s once its on-disk cache holds the programs), against 3 s to export. The
