@@ -201,11 +201,11 @@ def _share_the_cores():
         return
     threads = str(max(1, (os.cpu_count() or 1) // workers))
     for variable in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
-        os.environ.setdefault(variable, threads)
-    if BACKEND == "torch":
+        os.environ.setdefault(variable, threads)  # a setting of the user's stays
+    if BACKEND == "torch" and os.environ["OMP_NUM_THREADS"] == threads:
         import torch
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        torch.set_num_threads(int(threads))
 
 
 def _jax_compilation_cache(config):

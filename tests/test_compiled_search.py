@@ -312,14 +312,17 @@ def test_exported_programs_take_the_weights_as_arguments():
         assert program.merged > 0
         writes = [node for node in computed if getattr(node.target, "__name__", "").split(".")[0].endswith("_")]
         pure = [node for node in computed if node not in writes and node not in [w.args[0] for w in writes]]
-        # (A constant read twice is one input: each layer's mask from it is merged.)
-        read = lambda x: x.target if x.op == "get_attr" else x  # noqa: E731
-        keys = [repr((node.target, *torch.fx.node.map_arg((node.args, node.kwargs), read))) for node in pure]
+        # A constant is compared by name: two reads of it are one input.
+        keys = [repr((node.target, *torch.fx.node.map_arg((node.args, node.kwargs), _by_name))) for node in pure]
         assert len(set(keys)) == len(keys), sorted(k for k in keys if keys.count(k) > 1)
         assert len({(b.dtype, tuple(b.shape), b.numpy().tobytes()) for b in program.graph.buffers()}) == len(own)
         for node in computed:
             source = node.args[0] if node.target is torch.transpose else None
             assert getattr(source, "target", None) is not torch.permute, node
+
+
+def _by_name(node):
+    return node.target if node.op == "get_attr" else node
 
 
 @torch_only

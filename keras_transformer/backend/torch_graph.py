@@ -92,8 +92,9 @@ def merge_repeats(graph):
     written = [node.args[0] for node in writes]
     if not all(_read_once_new(x) for x in written):
         return graph, 0
-    # The pass compares arguments by node: each buffer read once, or a layer's mask, made
-    # from its own read of a shared constant, would not be merged with another layer's.
+    # The pass compares arguments by node, and export gives each use of a constant a read
+    # (`get_attr`) of its own: one read per buffer, so that the second layer's masks, made
+    # from the same constants as the first's, are merged with them.
     read = {}
     for node in list(graph.graph.nodes):
         if node.op == "get_attr" and read.setdefault(node.target, node) is not node:
