@@ -321,6 +321,22 @@ def test_exported_programs_take_the_weights_as_arguments():
             assert getattr(source, "target", None) is not torch.permute, node
 
 
+@torch_only
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_translations_can_be_trained_on(beam_size):
+    # The search runs in PyTorch's inference mode, whose tensors cannot be saved for a
+    # backward pass: what `translate` returns is out of it (back-translation trains on it).
+    import torch
+
+    model = _model(0)
+    for _ in range(2):  # eager, then the exported programs
+        tokens, scores = model.translate(SOURCE, beam_size, max_length=6, return_scores=True)
+        assert not tokens.is_inference() and not scores.is_inference()
+        weights = torch.ones(V, 3, requires_grad=True)
+        (torch.nn.functional.embedding(tokens, weights).sum() + (scores * weights[0, 0]).sum()).backward()
+        assert float(weights.grad.sum()) == pytest.approx(3 * tokens.numel() + float(scores.sum()))
+
+
 def _by_name(node):
     return node.target if node.op == "get_attr" else node
 
