@@ -41,10 +41,11 @@ compile=False)` asks for the eager search directly.
 `torch.compile` (Inductor with its C++ wrapper: a step's ~50 kernels are called from C++,
 not from generated Python), the attention of a decoding step written out as the products
 and the softmax it computes (`torch_graph.attention_as_math`: Inductor fuses them; it keeps
-PyTorch's fused attention as a call of its own). In two runs of `benchmarks/decode.py` on
-the workload above: 17,165 / 7,782 and 13,320 / 7,727 tokens/s (greedy / beam 4) against
-9,840 / 4,473 and 9,854 / 3,469 for the exported programs and 873 / 718 and 925 / 708 eager
-(JAX: 32,382 / 7,266 and 31,848 / 8,687); greedy in ten processes
+PyTorch's fused attention as a call of its own). In three runs of `benchmarks/decode.py` on
+the workload above (the last with the searches in inference mode): 17,165 / 7,782, 13,320 /
+7,727 and 18,182 / 8,060 tokens/s (greedy / beam 4) against 9,840 / 4,473, 9,854 / 3,469 and
+10,333 / 5,424 for the exported programs and 873 / 718, 925 / 708 and 962 / 750 eager (JAX:
+32,382 / 7,266, 31,848 / 8,687 and 30,127 / 8,807); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
 a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
 (about 5 s once its on-disk cache holds the programs), against 3 s to export. The
