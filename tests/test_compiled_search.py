@@ -335,6 +335,8 @@ def test_translations_can_be_trained_on(beam_size):
         weights = torch.ones(V, 3, requires_grad=True)
         (torch.nn.functional.embedding(tokens, weights).sum() + (scores * weights[0, 0]).sum()).backward()
         assert float(weights.grad.sum()) == pytest.approx(3 * tokens.numel() + float(scores.sum()))
+    (search,) = model._searches.values()
+    assert len(search.compiled.programs) == 2  # the second search ran the exported programs
 
 
 def _by_name(node):
