@@ -162,6 +162,22 @@ def test_a_coordinator_that_answers_is_told_from_one_that_does_not():
     assert not collectives.answers("localhost:notaport")
 
 
+def test_a_cluster_that_did_not_form_names_each_cause_the_process_can_have_met():
+    from keras_transformer.tools import collectives
+
+    chief, worker = (Cluster("jax", 2, i, "localhost:29500") for i in (0, 1))
+    message, status = collectives.not_formed(worker, 3, answered=False)
+    assert status == 2 and message.startswith("nothing answers at the coordinator's address localhost:29500")
+    # Something answers, but the cluster did not form: process 0 is missing, or the address
+    # is some other program's (a worker pointed at a web server waited out the timeout).
+    message, status = collectives.not_formed(worker, 3, answered=True)
+    assert status == 1 and "process 0 never arrived, two processes were given the same index, or what " \
+                           "answers at localhost:29500 is not process 0's coordinator" in message, message
+    message, status = collectives.not_formed(chief, 3, answered=True)  # the chief answers itself
+    assert status == 1 and message.endswith("process 1 never arrived (or two processes were given the same index). "
+                                            "Run the same launch again to resume"), message
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason=(
     "PyTorch only: on JAX the coordination service aborts the chief and the first process from C++ "
     "(SIGABRT: '1 unexpectedly tried to connect with a different incarnation'), before any Python runs; on "

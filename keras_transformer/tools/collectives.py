@@ -34,13 +34,7 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     def give_up():
         if done.is_set():
             return
-        if not cluster.chief and not answers(cluster.address):
-            # Nothing listens where the coordinator should: a wrong address or port (or a
-            # process 0 that never started), which the settings can fix: status 2.
-            _exit(cluster, f"nothing answers at the coordinator's address {cluster.address} (tried for "
-                           f"{timeout:g} s): check the address and port, and that process 0 is started", 2)
-        _exit_lost(cluster, f"the cluster did not form within {timeout:g} s at {cluster.address}: "
-                            f"{cluster.others()} never arrived (or two processes were given the same index)")
+        _exit(cluster, *not_formed(cluster, timeout, cluster.chief or answers(cluster.address)))
 
     timer = threading.Timer(timeout, give_up)
     timer.daemon = True
@@ -65,6 +59,24 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     finally:
         done.set()
         timer.cancel()
+
+
+def not_formed(cluster: Cluster, timeout: float, answered: bool) -> tuple[str, int]:
+    """What a process says, and its status, when the cluster did not form within `timeout`
+    seconds; `answered`: something accepted a connection at the coordinator's address (the
+    chief's own)."""
+    if not answered:
+        # Nothing listens where the coordinator should: a wrong address or port (or a
+        # process 0 that never started), which the settings can fix: status 2.
+        return (f"nothing answers at the coordinator's address {cluster.address} (tried for {timeout:g} s): "
+                f"check the address and port, and that process 0 is started"), 2
+    # A fault (status 1): a process missing, or, for the others, a wrong address where some other
+    # program listens (a process can tell that from a coordinator only through the engine's handshake).
+    causes = (" (or two processes were given the same index)" if cluster.chief else
+              f", two processes were given the same index, or what answers at {cluster.address} is not "
+              f"process 0's coordinator (check the address)")
+    return (f"the cluster did not form within {timeout:g} s at {cluster.address}: {cluster.others()} never "
+            f"arrived{causes}. Run the same launch again to resume"), 1
 
 
 def _join_torch(cluster: Cluster, timeout: float) -> None:
