@@ -119,12 +119,18 @@ def test_two_processes_train_like_one_and_a_killed_one_stops_the_other_and_the_l
 def test_processes_that_disagree_are_refused_before_training(tmp_path):
     port = cluster.free_port()
     argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--steps", "4", "--steps-per-epoch", "2"]
-    processes = [_start(argv + (["--seed", "1"] if i else []), _env(i, 2, port)) for i in (0, 1)]
+    # On JAX process 1 is also told 3 processes: JAX's coordinator counts process 0's 2, and
+    # process 1 trained on a third of every batch. (PyTorch's processes compare the count when
+    # they join: test_a_process_with_a_taken_index_or_another_count_is_refused_at_once.)
+    count = 3 if BACKEND == "jax" else 2
+    differs = "the number of processes" if BACKEND == "jax" else "--seed"
+    processes = [_start(argv + (["--seed", "1"] if i else []), _env(i, count if i else 2, port)) for i in (0, 1)]
     for process in processes:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 2, err[-3000:]
         errors = _errors(err)
-        assert len(errors) == 1 and "the processes disagree on --seed: process 1's differs" in errors[0], err[-3000:]
+        assert len(errors) == 1 and f"the processes disagree on {differs}: process 1's differs" in errors[0], \
+            err[-3000:]
     assert not (tmp_path / "run" / "state").exists()
 
 
@@ -182,10 +188,17 @@ def test_a_cluster_that_did_not_form_names_each_cause_the_process_can_have_met()
     "PyTorch only: on JAX the coordination service aborts the chief and the first process from C++ "
     "(SIGABRT: '1 unexpectedly tried to connect with a different incarnation'), before any Python runs; on "
     "TensorFlow the strategy waits inside its initialization holding the GIL"))
-def test_a_second_process_with_a_taken_index_is_refused_at_once():
-    """The process group's store counts each index: a process 1 that finds one already there
-    (here the test plays the chief and the first process 1) says so, status 2, without
-    waiting out the cluster timeout; the chief's store is untouched but for the count."""
+@pytest.mark.parametrize("num_processes, message", [
+    (2, "another process already joined as process 1: each process needs its own index (RANK), 0 to 1."),
+    (3, "this process was started for 3 processes and process 0 for 2 (WORLD_SIZE): start every process with "
+        "the same count."),
+])
+def test_a_process_with_a_taken_index_or_another_count_is_refused_at_once(num_processes, message):
+    """The process group's store holds process 0's count and counts each index: a process 1
+    that finds its index already there (here the test plays the chief and the first process
+    1), or that was told another number of processes, says so, status 2, without waiting
+    out the cluster timeout; the chief's store is untouched but for the count. (On JAX the
+    count is one of the settings the processes compare: test_processes_that_disagree...)"""
     import datetime
 
     import torch.distributed as dist
@@ -193,16 +206,16 @@ def test_a_second_process_with_a_taken_index_is_refused_at_once():
     port = cluster.free_port()
     store = dist.TCPStore("localhost", port, 2, is_master=True, timeout=datetime.timedelta(seconds=60),
                           wait_for_workers=False)
+    store.set("keras-transformer/num_processes", "2")  # as the chief does
     assert store.add("keras-transformer/index/1", 1) == 1  # the first process 1 has arrived
     join = ("import sys; from keras_transformer.tools import cluster, collectives; "
-            f"collectives.join(cluster.Cluster('torch', 2, 1, 'localhost:{port}'), timeout=100)")
+            f"collectives.join(cluster.Cluster('torch', {num_processes}, 1, 'localhost:{port}'), timeout=100)")
     start = time.time()
     result = subprocess.run([sys.executable, "-c", join], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and time.time() - start < 60, result.stderr[-3000:]
     errors = _errors(result.stderr)
-    assert errors == ["keras-transformer train: error: process 1 of 2: another process already joined as "
-                      "process 1: each process needs its own index (RANK), 0 to 1."], result.stderr[-3000:]
-    assert store.add("keras-transformer/index/1", 0) == 2
+    assert errors == [f"keras-transformer train: error: process 1 of {num_processes}: {message}"], result.stderr[-3000:]
+    assert store.add("keras-transformer/index/1", 0) == (2 if num_processes == 2 else 1)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")

@@ -99,6 +99,13 @@ def _join_torch(cluster: Cluster, timeout: float) -> None:
     host, port = _host_and_port(cluster.address)
     store = dist.TCPStore(host, int(port), cluster.num_processes, is_master=cluster.chief,
                           timeout=wait, wait_for_workers=False)
+    # Told another number of processes than process 0, a process would wait for ones that never
+    # come, or leave one out: it refuses at once (status 2; process 0 waits out the timeout).
+    if cluster.chief:
+        store.set("keras-transformer/num_processes", str(cluster.num_processes))
+    elif (chief_count := int(store.get("keras-transformer/num_processes"))) != cluster.num_processes:
+        _exit(cluster, f"this process was started for {cluster.num_processes} processes and process 0 for "
+                       f"{chief_count} (WORLD_SIZE): start every process with the same count", 2)
     if store.add(f"keras-transformer/index/{cluster.process_id}", 1) > 1:
         _exit(cluster, f"another process already joined as process {cluster.process_id}: each process needs "
                        f"its own index (RANK), 0 to {cluster.num_processes - 1}", 2)

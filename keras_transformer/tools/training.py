@@ -126,7 +126,7 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
     except RunError as e:
         error = e
     collectives.agree(cluster, error)
-    collectives.check_same(cluster, _facts(config, corpus))
+    collectives.check_same(cluster, _facts(config, corpus, cluster))
     tokenizer = None
     if cluster.chief:
         try:
@@ -149,13 +149,15 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
         return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster)
 
 
-def _facts(config: TrainConfig, corpus) -> dict:
-    """What every process of a run must share (`cluster.check_same`)."""
+def _facts(config: TrainConfig, corpus, cluster: cluster_lib.Cluster) -> dict:
+    """What every process of a run must share (`cluster.check_same`). The number of processes
+    too: JAX's coordinator counts the processes as process 0 was told, and a process told
+    another number would read the wrong share of every batch."""
     import sys
 
     settings = {f"--{k.replace('_', '-')}": v for k, v in dataclasses.asdict(config).items()}
     versions = {"python": sys.version.split()[0], "keras": keras.__version__, "backend": keras.backend.backend()}
-    return {**settings, "the corpus": corpus.digest(),
+    return {"the number of processes": cluster.num_processes, **settings, "the corpus": corpus.digest(),
             "the backend and versions": versions}
 
 
