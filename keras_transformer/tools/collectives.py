@@ -53,7 +53,16 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
 
             global _STRATEGY
             _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
-            barrier(cluster, "joined")  # the strategy's first collective waits for every worker
+            try:
+                barrier(cluster, "joined")  # the strategy's first collective waits for every worker
+            except tf.errors.OpError as e:
+                # Worker lists of different lengths: TensorFlow forms the group and its first
+                # collective fails in every process ("... is joining a group with size3, but
+                # that group has size 2").
+                if "joining a group with size" not in str(e):
+                    raise
+                _exit(cluster, "the processes were started for different numbers of processes (the worker lists of "
+                               "their TF_CONFIG differ): give every process the same cluster.worker list", 2)
         else:
             _join_torch(cluster, timeout)
     finally:
