@@ -443,6 +443,36 @@ def test_a_signal_to_launch_reaches_every_process_and_none_goes_on(tmp_path, sig
     assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")], children
 
 
+@only_on("torch", "launch's own code, the same on every backend (processes that load no backend)")
+def test_after_a_failure_launch_stops_the_processes_still_running(capsys):
+    """A process that fails leaves the others to stop by themselves for a while (on JAX and
+    PyTorch they name the lost process at their next collective); one still running then
+    gets SIGTERM, and one that outlives it SIGKILL: launch ends with the first failure's
+    status, never waiting on a process that waits for a peer (TensorFlow's start-up waits
+    up to an hour for a worker that died)."""
+    from keras_transformer.tools.commands import launch
+
+    def child(code):
+        return subprocess.Popen([sys.executable, "-c", code], process_group=0)
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+               "time.sleep(600)"
+    children = [child("import sys; sys.exit(3)"), child("import time; time.sleep(600)"),
+                subprocess.Popen([sys.executable, "-c", stubborn], process_group=0, stdout=subprocess.PIPE, text=True)]
+    assert children[2].stdout.readline() == "ready\n"  # its SIGTERM handler is set
+    start = time.monotonic()
+    assert launch._wait(children, stop_after=1.0) == 3
+    assert 1.0 <= time.monotonic() - start < 10
+    assert [c.returncode for c in children] == [3, -signal.SIGTERM, -signal.SIGKILL]
+    err = capsys.readouterr().err
+    assert err == "keras-transformer launch: process 0 failed; stopping processes 1, 2, still running 1 s later.\n", err
+    # Processes that all succeed, or that end by themselves in time, are only waited for.
+    children = [child("import time; time.sleep(0.5)"), child("import sys; sys.exit(0)")]
+    assert launch._wait(children, stop_after=1.0) == 0 and capsys.readouterr().err == ""
+    children = [child("import sys; sys.exit(1)"), child("import time, sys; time.sleep(0.3); sys.exit(1)")]
+    assert launch._wait(children, stop_after=5.0) == 1 and capsys.readouterr().err == ""
+
+
 def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     from tests.test_cli_train import LAUNCHER
 

@@ -113,10 +113,19 @@ def run(args) -> int:
     return status
 
 
-def _wait(children, received=()) -> int:
+# Seconds the other processes get to stop by themselves once one has failed (on JAX and
+# PyTorch they do, at their next collective, naming the lost process), then SIGTERM, and
+# SIGKILL after as many again. TensorFlow's strategy waits inside its start-up for a worker
+# that never joins, up to its own hour: `torchrun`'s agent stops the others too.
+STOP_OTHERS_AFTER = 30.0
+
+
+def _wait(children, received=(), stop_after: float = STOP_OTHERS_AFTER) -> int:
     """The first failure's status once every child has ended (0 if all succeeded). A child
-    ended by a signal is named, but for one `launch` passed on (in `received`)."""
-    status = 0
+    ended by a signal is named, but for one `launch` passed on (in `received`) or sent
+    itself: `stop_after` seconds after a first failure, the children still running are
+    stopped, with one line."""
+    status, failed_at, first, stopped = 0, None, None, set()
     pending = dict(enumerate(children))
     while pending:
         for index, child in list(pending.items()):
@@ -124,9 +133,24 @@ def _wait(children, received=()) -> int:
             if code is None:
                 continue
             del pending[index]
-            if code < 0 and -code not in received:
+            if code < 0 and -code not in received and index not in stopped:
                 name = signal.Signals(-code).name
                 print(f"keras-transformer launch: process {index} was killed by {name}", file=sys.stderr, flush=True)
-            status = status or (1 if code < 0 else code)
+            if code != 0 and not status:
+                status, failed_at = (1 if code < 0 else code), time.monotonic()
+                first = index
+        if pending and failed_at is not None and not received:
+            waited = time.monotonic() - failed_at
+            if waited >= stop_after and not stopped:
+                stopped.update(pending)
+                names = ", ".join(str(i) for i in sorted(pending))
+                which = f"process{'es' if len(pending) > 1 else ''} {names}"
+                print(f"keras-transformer launch: process {first} failed; stopping {which}, still running "
+                      f"{stop_after:g} s later.", file=sys.stderr, flush=True)
+                for child in pending.values():
+                    child.terminate()
+            elif waited >= 2 * stop_after:
+                for child in pending.values():
+                    child.kill()
         time.sleep(0.2)
     return status
