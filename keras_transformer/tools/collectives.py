@@ -84,8 +84,8 @@ def not_formed(cluster: Cluster, timeout: float, answered: bool) -> tuple[str, i
     causes = (" (or two processes were given the same index)" if cluster.chief else
               f", two processes were given the same index, or what answers at {cluster.address} is not "
               f"process 0's coordinator (check the address)")
-    return (f"the cluster did not form within {timeout:g} s at {cluster.address}: {cluster.others()} never "
-            f"arrived{causes}. Run the same launch again to resume"), 1
+    return _resumable(f"the cluster did not form within {timeout:g} s at {cluster.address}: {cluster.others()} "
+                      f"never arrived{causes}"), 1
 
 
 def _join_torch(cluster: Cluster, timeout: float) -> None:
@@ -149,7 +149,12 @@ def torch_cuda() -> bool:
 
 def _exit_lost(cluster: Cluster, reason: str) -> None:
     """One line and status 1, now: the engines' own shutdown would wait for the lost process."""
-    _exit(cluster, f"{reason}. Run the same launch again to resume", 1)
+    _exit(cluster, _resumable(reason), 1)
+
+
+def _resumable(reason: str) -> str:
+    """A fault's line: the run resumes where it stopped when it is started again."""
+    return f"{reason}. Run the same launch again to resume"
 
 
 def _exit(cluster: Cluster, message: str, status: int) -> None:
