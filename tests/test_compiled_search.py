@@ -229,6 +229,29 @@ def test_torch_compile_gives_the_eager_search_tokens():
 
 
 @torch_only
+def test_torch_compile_compiles_each_program_once(monkeypatch):
+    """A beam search's first loop variables hold one tensor twice, its later ones never do;
+    Dynamo guards on which arguments are one tensor, and compiled the loop's iteration again
+    at the second iteration (Inductor's C++: seconds). Here a backend that only counts."""
+    import torch
+
+    compiled, real_compile = [], torch.compile
+
+    def counting(graph, example_inputs):
+        compiled.append(len(example_inputs))
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=counting, dynamic=False,
+                                                                            fullgraph=True))
+    model = _model(5)
+    for _ in range(2):
+        got = _compiled_translate(model, SOURCE, 2, max_length=5, compile="torch.compile")
+    np.testing.assert_array_equal(to_numpy(got, "int32"),
+                                  to_numpy(model.translate(SOURCE, 2, max_length=5, compile=False), "int32"))
+    assert len(compiled) == 2, compiled  # the encoder call and the loop's iteration
+
+
+@torch_only
 def test_attention_written_out_computes_what_pytorchs_fused_kernel_does():
     import torch
 

@@ -47,8 +47,10 @@ the workload above (the last with the searches in inference mode): 17,165 / 7,78
 10,333 / 5,424 for the exported programs and 873 / 718, 925 / 708 and 962 / 750 eager (JAX:
 32,382 / 7,266, 31,848 / 8,687 and 30,127 / 8,807); greedy in ten processes
 alternated, 16,372-17,208 with the attention written out and 10,089-14,995 without. But
-a shape's first two searches take 22-32 s on 2 CPU cores with Inductor's caches cold
-(about 5 s once its on-disk cache holds the programs), against 3 s to export. The
+a shape's first two searches take seconds of compilation on 2 CPU cores with Inductor's
+caches cold (the benchmark's shape: 25-26 s greedy, then 12 s beam 4, whose encoder call is
+the greedy search's program; about 5 s once its on-disk cache holds the programs), against
+3 s to export. The
 exported programs are the default.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
@@ -265,7 +267,7 @@ class _Run:
         kind = (body.__code__, cond.__code__)
         program = self.search.program(kind, iteration, loop_vars, loop=True)
         held = {_storage(x) for x in self.values}
-        tensors = keras.tree.flatten(loop_vars)
+        tensors = _distinct(keras.tree.flatten(loop_vars))
         flat = program.run(self.values, tensors, held=held)
         new_vars, keep_going = keras.tree.pack_sequence_as(program.output_structure, list(flat))
         if _signature(new_vars) != _signature(loop_vars):
@@ -280,6 +282,18 @@ class _Run:
             flat = program.run(self.values, flat[:-1], owned=True, held=held)
             keep_going = flat[-1]
         return keras.tree.pack_sequence_as(loop_vars, list(flat[:-1]))
+
+
+def _distinct(tensors: list) -> list:
+    """`tensors`, each repetition of one tensor replaced by a copy. A search's first loop
+    variables may hold one tensor twice (a beam search's first finished and live
+    hypotheses), its later ones never do: `torch.compile` guards on which arguments are
+    the same tensor and would compile the iteration a second time for the second call."""
+    seen, out = set(), []
+    for x in tensors:
+        out.append(x.clone() if id(x) in seen else x)
+        seen.add(id(x))
+    return out
 
 
 def _signature(args):
