@@ -9,7 +9,7 @@ same model on one device.
 tensorflow: 2 logical CPU devices and `tf.distribute.MirroredStrategy` (gradients reduced
 on one device); two `model.fit` steps against the same model trained without a strategy.
 
-Then examples/multi_device.py with 3 steps, in the same process (its output is the
+Then examples/multi_device.py with 3 steps and one layer, in the same process (its output is the
 "example" entry): one start of the backend with several devices for both.
 """
 
@@ -128,8 +128,8 @@ def check_tensorflow():
 
 
 def run_example():
-    """examples/multi_device.py, short, in this process (its devices are set up already):
-    what it printed."""
+    """examples/multi_device.py, short and with one layer, in this process (its devices are
+    set up already): what it printed."""
     import contextlib
     import io
     import pathlib
@@ -137,6 +137,7 @@ def run_example():
     sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "examples"))
     import multi_device
 
+    multi_device.SIZES["num_layers"] = 1  # each layer is seconds of tracing on TensorFlow
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         multi_device.main(["--steps", "3"])
