@@ -9,8 +9,8 @@ same model on one device.
 tensorflow: 2 logical CPU devices and `tf.distribute.MirroredStrategy` (gradients reduced
 on one device); two `model.fit` steps against the same model trained without a strategy.
 
-Then examples/multi_device.py with 3 steps and one layer, in the same process (its output is the
-"example" entry): one start of the backend with several devices for both.
+Then examples/multi_device.py with 3 steps and one layer, in the same process (its output
+is the "example" entry): one start of the backend with several devices for both.
 """
 
 import json

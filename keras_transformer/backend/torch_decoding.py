@@ -50,8 +50,7 @@ alternated, 16,372-17,208 with the attention written out and 10,089-14,995 witho
 a shape's first two searches take seconds of compilation on 2 CPU cores with Inductor's
 caches cold (the benchmark's shape: 25-26 s greedy, then 12 s beam 4, whose encoder call is
 the greedy search's program; about 5 s once its on-disk cache holds the programs), against
-3 s to export. The
-exported programs are the default.
+3 s to export. The exported programs are the default.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
 `torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.
