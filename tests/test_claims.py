@@ -114,7 +114,8 @@ def test_copy_model_refuses_unknown_positions():
         notes.CopyModel(16, 8, "rotary", max_positions=8)
 
 
-@only_on("tensorflow", "`--help` of the measurement scripts, answered before any backend runs")
+@only_on("tensorflow", "`--help` of the measurement scripts and where they write, which no backend's code decides "
+                       "(each script imports Keras, and so its backend, before it reads its arguments)")
 def test_the_measurements_run_from_a_checkout_and_write_beside_the_benchmarks():
     root = pathlib.Path(__file__).parent.parent
     for module in ("claims.table1", "claims.notes"):
