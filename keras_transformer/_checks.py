@@ -11,46 +11,64 @@ from keras_transformer.defaults import MAX_INT
 _LOG_FLOAT32_MAX = math.log(3.4028234663852886e38)  # the largest float32
 
 
-def _integers(where: str, minimum: int, kind: str, optional: bool, values: dict) -> None:
-    """Refuse any value that is not a Python integer in `[minimum, MAX_INT]` (`None` passes
-    when `optional`); `kind` says what is wanted."""
+def _integers(where: str, minimum: int, kind: str, optional: bool, values: dict):
+    """Refuse any value that is not an integer in `[minimum, MAX_INT]` (`None` passes when
+    `optional`); `kind` says what is wanted. NumPy's integers count (a size read from an
+    array, a sweep over `np.arange`), booleans do not. Returns the values as Python ints,
+    in the order given: the value alone for one, a tuple for several."""
+    out = []
     for name, value in values.items():
         if optional and value is None:
+            out.append(None)
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
             raise ValueError(f"{where}`{name}` must be {kind}{' or None' if optional else ''}. "
                              f"Received: {name}={value!r}")
         if value > MAX_INT:
             raise ValueError(f"{where}`{name}` must be at most {MAX_INT} (the engines hold sizes and counts in "
                              f"int32). Received: {name}={value!r}")
+        out.append(int(value))
+    return _returned(out)
 
 
-def positive_ints(where: str = "", *, optional: bool = False, **values) -> None:
-    """Refuse any value that is not an integer >= 1 (`None` passes when `optional`)."""
-    _integers(where, 1, "a positive integer", optional, values)
+def _returned(values: list):
+    """The checked values as the check functions return them: one alone, several as a tuple."""
+    return values[0] if len(values) == 1 else tuple(values)
 
 
-def counts(where: str = "", **values) -> None:
-    """Refuse any value that is not an integer >= 0."""
-    _integers(where, 0, "an integer >= 0", False, values)
+def positive_ints(where: str = "", *, optional: bool = False, **values):
+    """Refuse any value that is not an integer >= 1 (`None` passes when `optional`); returns
+    the values as Python ints (one alone, several as a tuple, in the order given)."""
+    return _integers(where, 1, "a positive integer", optional, values)
 
 
-def special_ids(where: str, vocab_size: int, **ids) -> None:
+def counts(where: str = "", **values):
+    """Refuse any value that is not an integer >= 0; returns them as Python ints (one
+    alone, several as a tuple, in the order given)."""
+    return _integers(where, 0, "an integer >= 0", False, values)
+
+
+def special_ids(where: str, vocab_size: int, **ids) -> tuple:
     """Refuse a special token id that is not an integer in `[0, vocab_size)`, or two
-    special ids that are the same (the model's and the tokenizer's reserved ids)."""
+    special ids that are the same (the model's and the tokenizer's reserved ids); returns
+    them as Python ints, in the order given."""
     for name, value in ids.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < vocab_size:
             raise ValueError(f"{where}`{name}` must be a token id in [0, vocab_size={vocab_size}). "
                              f"Received: {name}={value!r}")
+    ids = {name: int(value) for name, value in ids.items()}
     if len(set(ids.values())) != len(ids):
         raise ValueError(f"{where}the special ids must differ. Received: {ids}")
+    return tuple(ids.values())
 
 
-def rates(where: str = "", **values) -> None:
-    """Refuse any value outside [0, 1) (dropout rates, label smoothing)."""
+def rates(where: str = "", **values):
+    """Refuse any value outside [0, 1) (dropout rates, label smoothing); returns them as
+    Python floats (one alone, several as a tuple, in the order given)."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
             raise ValueError(f"{where}`{name}` must be in [0, 1). Received: {name}={value!r}")
+    return _returned([float(value) for value in values.values()])
 
 
 def length_penalties(where: str = "", *, max_length=None, **values) -> None:
@@ -81,16 +99,19 @@ def _finite_real(value) -> bool:
         return False
 
 
-def numbers_above(where: str, bound: float, **values) -> None:
-    """Refuse any value that is not a finite real number > `bound`."""
+def numbers_above(where: str, bound: float, **values):
+    """Refuse any value that is not a finite real number > `bound`; returns them as Python
+    floats (one alone, several as a tuple, in the order given)."""
     for name, value in values.items():
         if not _finite_real(value) or value <= bound:
             raise ValueError(f"{where}`{name}` must be a finite number > {bound}. Received: {name}={value!r}")
+    return _returned([float(value) for value in values.values()])
 
 
-def positive_numbers(where: str = "", **values) -> None:
-    """Refuse any value that is not a finite real number > 0 (a scale, an epsilon)."""
-    numbers_above(where, 0, **values)
+def positive_numbers(where: str = "", **values):
+    """Refuse any value that is not a finite real number > 0 (a scale, an epsilon); returns
+    them as Python floats."""
+    return numbers_above(where, 0, **values)
 
 
 def largest_beam(vocab_size: int) -> int:
@@ -100,19 +121,21 @@ def largest_beam(vocab_size: int) -> int:
     return max(1, MAX_INT // vocab_size)
 
 
-def beam(beam_size, num_hypotheses, vocab_size: int | None = None) -> None:
+def beam(beam_size, num_hypotheses, vocab_size: int | None = None) -> tuple[int, int]:
     """Refuse a beam size below 1 (or, given `vocab_size`, above `largest_beam`) or a number
-    of hypotheses outside [1, beam_size]."""
-    positive_ints(beam_size=beam_size)
+    of hypotheses outside [1, beam_size]; returns both as Python ints."""
+    beam_size = positive_ints(beam_size=beam_size)
     if vocab_size is not None and beam_size > largest_beam(vocab_size):
         raise ValueError(f"`beam_size` times the vocabulary size must be at most {MAX_INT} (the search's top-k "
                          f"indexes beam_size x vocab_size candidates in int32): at most {largest_beam(vocab_size)} "
                          f"for vocab_size={vocab_size}. Received: beam_size={beam_size}")
-    if isinstance(num_hypotheses, bool) or not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+    if (isinstance(num_hypotheses, bool) or not isinstance(num_hypotheses, numbers.Integral)
+            or not 1 <= num_hypotheses <= beam_size):
         raise ValueError(
             f"`num_hypotheses` must be an integer in [1, beam_size={beam_size}]. "
             f"Received: num_hypotheses={num_hypotheses!r}"
         )
+    return beam_size, int(num_hypotheses)
 
 
 def texts(value, name: str = "texts") -> list:

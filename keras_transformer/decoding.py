@@ -171,7 +171,7 @@ def beam_search(
         (where fewer than n finished) the live ones, scored at their full length.
         With `return_complete=True`, `(tokens, scores, complete)`.
     """
-    _checks.beam(beam_size, num_hypotheses)
+    beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses)
     lengths = [max_length] + ([] if bound_length is None else [bound_length])  # the longest the penalty sees
     _checks.length_penalties(length_penalty_alpha=length_penalty_alpha,
                              max_length=max(lengths) if all(isinstance(n, int) for n in lengths) else None)

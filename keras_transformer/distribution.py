@@ -84,7 +84,7 @@ def layout_map(device_mesh: keras.distribution.DeviceMesh, num_heads: int, d_ff:
     ...
     ValueError: The mesh axis 'model' has 4 devices, which does not divide num_heads=6: ...
     """
-    _checks.positive_ints(num_heads=num_heads, d_ff=d_ff)  # 0 would pass every divisibility check
+    num_heads, d_ff = _checks.positive_ints(num_heads=num_heads, d_ff=d_ff)  # 0 would pass every divisibility check
     if model_axis not in device_mesh.axis_names:
         raise ValueError(f"The device mesh has no axis {model_axis!r}; its axes are {list(device_mesh.axis_names)}.")
     size = device_mesh.shape[list(device_mesh.axis_names).index(model_axis)]

@@ -44,8 +44,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __init__(self, epsilon: float = 0.1, pad_id: int = PAD_ID, name: str = "label_smoothed_cross_entropy", **kwargs):
         super().__init__(name=name, **kwargs)
-        _checks.rates(f"Loss '{name}': ", epsilon=epsilon)
-        _checks.counts(f"Loss '{name}': ", pad_id=pad_id)
+        epsilon = _checks.rates(f"Loss '{name}': ", epsilon=epsilon)
+        pad_id = _checks.counts(f"Loss '{name}': ", pad_id=pad_id)
         self.epsilon = epsilon
         self.pad_id = pad_id
 

@@ -14,7 +14,7 @@ class _MaskedMean(keras.metrics.Metric):
 
     def __init__(self, pad_id: int = PAD_ID, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
-        _checks.counts(f"Metric '{self.name}': ", pad_id=pad_id)
+        pad_id = _checks.counts(f"Metric '{self.name}': ", pad_id=pad_id)
         self.pad_id = pad_id
         self.total = self.add_variable(shape=(), initializer="zeros", name="total")
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")

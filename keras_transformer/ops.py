@@ -11,6 +11,7 @@ means "may attend".
 from __future__ import annotations
 
 import math
+import numbers
 
 import keras
 import numpy as np
@@ -181,13 +182,17 @@ def scaled_dot_product_attention(
     return outputs
 
 
-def check_window(window, where: str = "keras_transformer") -> None:
-    """Refuse a restricted-attention window that is not an integer >= 1 (or None)."""
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+def check_window(window, where: str = "keras_transformer") -> int | None:
+    """Refuse a restricted-attention window that is not an integer >= 1 (or None); returns
+    it as a Python int (NumPy's integers count)."""
+    if window is None:
+        return None
+    if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
         raise ValueError(
             f"{where}: `window` must be an integer >= 1 (the distance r of restricted "
             f"self-attention) or None. Received: window={window!r}"
         )
+    return int(window)
 
 
 def band_mask(query_length, key_length, window: int, causal: bool = False, offset=0):
@@ -242,7 +247,7 @@ def windowed_attention(query, key, value, window: int, key_mask=None, causal: bo
     """
     if window is None:
         raise ValueError("`window` must be an integer >= 1. Received: window=None")
-    check_window(window)
+    window = check_window(window)
     b = window  # block size
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
     heads, d_k, d_v = query.shape[2], query.shape[3], value.shape[3]

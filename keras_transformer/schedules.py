@@ -33,8 +33,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
-        _checks.positive_ints(d_model=d_model, warmup_steps=warmup_steps)
-        _checks.positive_numbers(scale=scale)  # a rate of 0 trains nothing, a negative one climbs the loss
+        d_model, warmup_steps = _checks.positive_ints(d_model=d_model, warmup_steps=warmup_steps)
+        scale = _checks.positive_numbers(scale=scale)  # a rate of 0 trains nothing, a negative one climbs the loss
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale

@@ -122,6 +122,36 @@ def test_bad_model_inputs():
         model({"source_ids": np.array([[4, 99]], "int32"), "target_ids": np.array([[2, 5]], "int32")})
 
 
+def test_numpy_numbers_are_taken_as_python_numbers():
+    """Sizes read from an array or a sweep over `np.arange` are NumPy scalars: taken like
+    Python's, and kept as Python numbers (the config stays JSON, the searches' keys and
+    shapes plain ints); NumPy's booleans and a float where an integer is wanted are not."""
+    import json
+
+    i = np.int64
+    model = _small(vocab_size=i(23), num_layers=np.int32(2), d_model=np.uint8(8), num_heads=i(2), d_ff=i(16),
+                   dropout=np.float32(0.25), layer_norm_epsilon=np.float32(1e-6), max_wavelength=np.float32(1e4),
+                   pad_id=i(0), start_id=i(2), end_id=i(3))
+    config = model.get_config()
+    for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff", "pad_id", "start_id", "end_id"):
+        assert type(config[name]) is int, (name, type(config[name]))
+    for name in ("dropout", "layer_norm_epsilon", "max_wavelength"):
+        assert type(config[name]) is float, (name, type(config[name]))
+    json.dumps(config)  # raised TypeError for NumPy scalars
+    assert model.encoder.num_layers == 2 and type(model.encoder.num_layers) is int
+    source = np.array([[5, 6, 7], [8, 9, 0]], "int32")
+    expected = to_numpy(model.translate(source, beam_size=2, max_length=4, min_length=1, num_hypotheses=2))
+    got = model.translate(source, beam_size=i(2), max_length=np.int32(4), min_length=i(1), num_hypotheses=i(2))
+    np.testing.assert_array_equal(to_numpy(got), expected)
+    layer = kt.layers.MultiHeadAttention(num_heads=i(2), key_dim=i(4), window=i(3), dropout=np.float32(0.5))
+    assert (type(layer.num_heads), type(layer.key_dim), type(layer.window), type(layer.dropout)) == (int, int, int, float)
+    for settings in (dict(d_model=np.bool_(True)), dict(num_layers=np.float64(2.0))):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            _small(**settings)
+    with pytest.raises(ValueError, match="`beam_size` must be a positive integer"):
+        model.translate(source, beam_size=np.float64(2))
+
+
 def test_model_save_and_load_keras_format(tmp_path):
     model = _small(tie_weights=False, norm_first=True)
     batch = _batch(2)

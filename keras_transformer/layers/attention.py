@@ -107,11 +107,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        kt_ops.check_window(window, f"Layer '{self.name}'")
+        window = kt_ops.check_window(window, f"Layer '{self.name}'")
         where = f"Layer '{self.name}': "
-        _checks.positive_ints(where, num_heads=num_heads)
-        _checks.positive_ints(where, optional=True, key_dim=key_dim, value_dim=value_dim)
-        _checks.rates(where, dropout=dropout)
+        num_heads = _checks.positive_ints(where, num_heads=num_heads)
+        key_dim, value_dim = _checks.positive_ints(where, optional=True, key_dim=key_dim, value_dim=value_dim)
+        dropout = _checks.rates(where, dropout=dropout)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim

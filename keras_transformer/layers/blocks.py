@@ -42,10 +42,10 @@ class _Block(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         where = f"Layer '{self.name}': "
-        _checks.positive_ints(where, num_heads=num_heads, d_ff=d_ff)
-        _checks.positive_ints(where, optional=True, key_dim=key_dim)
-        _checks.rates(where, dropout=dropout, attention_dropout=attention_dropout)
-        _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
+        num_heads, d_ff = _checks.positive_ints(where, num_heads=num_heads, d_ff=d_ff)
+        key_dim = _checks.positive_ints(where, optional=True, key_dim=key_dim)
+        dropout, attention_dropout = _checks.rates(where, dropout=dropout, attention_dropout=attention_dropout)
+        layer_norm_epsilon = _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
@@ -54,8 +54,7 @@ class _Block(keras.layers.Layer):
         self.key_dim = key_dim
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
-        kt_ops.check_window(window, f"Layer '{self.name}'")
-        self.window = window
+        self.window = kt_ops.check_window(window, f"Layer '{self.name}'")
 
     def _check_input_shape(self, arg, shape):
         shape = tuple(shape)

@@ -46,8 +46,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength: float = 10000, **kwargs):
         super().__init__(**kwargs)
-        _checks.numbers_above(f"Layer '{self.name}': ", 1, max_wavelength=max_wavelength)
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = _checks.numbers_above(f"Layer '{self.name}': ", 1, max_wavelength=max_wavelength)
         self.built = True
 
     def call(self, inputs, start_index=0):
@@ -126,8 +125,8 @@ class SinusoidalEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _checks.positive_ints(f"Layer '{self.name}': ", vocab_size=vocab_size, d_model=d_model)
-        _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
+        vocab_size, d_model = _checks.positive_ints(f"Layer '{self.name}': ", vocab_size=vocab_size, d_model=d_model)
+        dropout = _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.dropout = dropout

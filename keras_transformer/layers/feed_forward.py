@@ -41,8 +41,8 @@ class PositionwiseFFN(keras.layers.Layer):
 
     def __init__(self, d_ff: int, activation="relu", dropout: float = 0.0, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
-        _checks.positive_ints(f"Layer '{self.name}': ", d_ff=d_ff)
-        _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
+        d_ff = _checks.positive_ints(f"Layer '{self.name}': ", d_ff=d_ff)
+        dropout = _checks.rates(f"Layer '{self.name}': ", dropout=dropout)
         self.d_ff = d_ff
         self.activation = keras.activations.get(activation)
         self.dropout = dropout

@@ -28,7 +28,7 @@ class _Stack(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _checks.positive_ints(f"Layer '{self.name}': ", num_layers=num_layers)
+        num_layers = _checks.positive_ints(f"Layer '{self.name}': ", num_layers=num_layers)
         self.num_layers = num_layers
         prefix = self.block_class.__name__.replace("Block", "").lower()
         arguments = dict(

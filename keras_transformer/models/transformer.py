@@ -89,10 +89,11 @@ class Transformer(Translating, keras.Model):
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         where = f"Model '{self.name}': "
-        _checks.positive_ints(where, vocab_size=vocab_size, num_layers=num_layers, d_model=d_model,
-                              num_heads=num_heads, d_ff=d_ff)
-        _checks.rates(where, dropout=dropout)
-        _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
+        vocab_size, num_layers, d_model, num_heads, d_ff = _checks.positive_ints(
+            where, vocab_size=vocab_size, num_layers=num_layers, d_model=d_model, num_heads=num_heads, d_ff=d_ff)
+        dropout = _checks.rates(where, dropout=dropout)
+        layer_norm_epsilon = _checks.positive_numbers(where, layer_norm_epsilon=layer_norm_epsilon)
+        max_wavelength = _checks.numbers_above(where, 1, max_wavelength=max_wavelength)
         if d_model % num_heads != 0:
             raise ValueError(
                 f"Model '{self.name}': `d_model` must be divisible by `num_heads`. "
@@ -109,7 +110,8 @@ class Transformer(Translating, keras.Model):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_wavelength = max_wavelength
-        _checks.special_ids(f"Model '{self.name}': ", vocab_size, pad_id=pad_id, start_id=start_id, end_id=end_id)
+        pad_id, start_id, end_id = _checks.special_ids(where, vocab_size, pad_id=pad_id, start_id=start_id,
+                                                       end_id=end_id)
         self.pad_id = pad_id
         self.start_id = start_id
         self.end_id = end_id

@@ -149,12 +149,12 @@ class Translating:
             scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
             best first, and `(B, n)` scores.
         """
-        _checks.beam(beam_size, num_hypotheses, self.vocab_size)
+        beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses, self.vocab_size)
         source_ids = _integer_ids(source_ids)
         if len(source_ids.shape) != 2:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
-        _checks.positive_ints(max_length=max_length, optional=True)
-        _checks.counts(max_extra_length=max_extra_length, min_length=min_length)
+        max_length = _checks.positive_ints(max_length=max_length, optional=True)
+        max_extra_length, min_length = _checks.counts(max_extra_length=max_extra_length, min_length=min_length)
         batch, width = source_ids.shape
         if width == 0:  # attention over no positions is undefined
             raise ValueError(f"`source_ids` must hold at least one position per row. Received: shape={(batch, 0)}")

@@ -118,22 +118,13 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     one `UserWarning` for the call; `None`: no limit).
     """
     check_special_ids(model, tokenizer)
-    _checks.positive_ints(batch_size=batch_size, max_input_length=max_input_length, optional=True)
-    _checks.counts(n_best=n_best)
+    batch_size, max_input_length = _checks.positive_ints(optional=True, batch_size=batch_size,
+                                                         max_input_length=max_input_length)
+    n_best = _checks.counts(n_best=n_best)
     texts = _checks.texts(texts)
     if not texts:
         return []
-    import tensorflow as tf  # the tokenizer's ops
-
-    # One tokenizer call for all texts, ragged: a long line does not pad every other one.
-    ragged = tokenizer.tokenize(tf.constant(texts, tf.string))
-    flat, lengths = ragged.flat_values.numpy().astype("int32"), ragged.row_lengths().numpy()
-    ids = np.split(flat, np.cumsum(lengths)[:-1])
-    if max_input_length is not None and lengths.max() > max_input_length:
-        warnings.warn(f"{int((lengths > max_input_length).sum())} of the {len(texts)} texts are longer than "
-                      f"max_input_length={max_input_length} tokens (the longest: {int(lengths.max()):,}) and were "
-                      f"cut to their first {max_input_length}; split long texts into sentences", stacklevel=2)
-        ids = [row[:max_input_length] for row in ids]
+    ids = _token_ids(tokenizer, texts, max_input_length)
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     if batch_size is None:
         # One batch size for the whole call: few shapes to compile.
@@ -163,6 +154,22 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
         for i, text in zip(chunk, tokenizer.detokenize_dense(keras.ops.convert_to_numpy(out))):
             results[i] = text
     return results
+
+
+def _token_ids(tokenizer, texts: list, max_input_length: int | None) -> list:
+    """Each text's token ids (one tokenizer call for all, ragged: a long line does not pad
+    every other one), cut to `max_input_length` with one `UserWarning` for the call."""
+    import tensorflow as tf  # the tokenizer's ops
+
+    ragged = tokenizer.tokenize(tf.constant(texts, tf.string))
+    flat, lengths = ragged.flat_values.numpy().astype("int32"), ragged.row_lengths().numpy()
+    ids = np.split(flat, np.cumsum(lengths)[:-1])
+    if max_input_length is not None and lengths.max() > max_input_length:
+        warnings.warn(f"{int((lengths > max_input_length).sum())} of the {len(texts)} texts are longer than "
+                      f"max_input_length={max_input_length} tokens (the longest: {int(lengths.max()):,}) and were "
+                      f"cut to their first {max_input_length}; split long texts into sentences", stacklevel=3)
+        ids = [row[:max_input_length] for row in ids]
+    return ids
 
 
 def score(hypotheses, references, tokenizer=None) -> dict:

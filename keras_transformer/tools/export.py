@@ -56,13 +56,13 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
     from keras_transformer.tools.evaluation import check_special_ids
 
     check_special_ids(model, tokenizer)  # a ValueError naming both values
-    _checks.beam(beam_size, 1, model.vocab_size)
+    beam_size, _ = _checks.beam(beam_size, 1, model.vocab_size)
     _checks.length_penalties(length_penalty=length_penalty)
     if length_penalty > MAX_LENGTH_PENALTY:  # a SavedModel takes inputs of any length
         raise ValueError(f"`length_penalty` must be at most {MAX_LENGTH_PENALTY} in a SavedModel, which translates "
                          f"inputs of any length (defaults.MAX_LENGTH_PENALTY). Received: length_penalty={length_penalty!r}")
-    _checks.counts(max_extra_length=max_extra_length)
-    _checks.positive_ints(max_input_length=max_input_length, optional=True)
+    max_extra_length = _checks.counts(max_extra_length=max_extra_length)
+    max_input_length = _checks.positive_ints(max_input_length=max_input_length, optional=True)
     files.check_replacement(path, "savedmodel")
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":

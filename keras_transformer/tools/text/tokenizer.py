@@ -128,8 +128,9 @@ class Tokenizer(tf.Module):
 
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {list(KINDS)}. Received: kind={kind!r}")
-        texts = vocabulary.check_inputs(texts, vocab_size, min_frequency)
-        _checks.special_ids("", vocab_size, pad_id=pad_id, unk_id=unk_id, start_id=start_id, end_id=end_id)
+        texts, vocab_size, min_frequency = vocabulary.check_inputs(texts, vocab_size, min_frequency)
+        pad_id, unk_id, start_id, end_id = _checks.special_ids("", vocab_size, pad_id=pad_id, unk_id=unk_id,
+                                                               start_id=start_id, end_id=end_id)
         ids = [pad_id, unk_id, start_id, end_id]
         if lower_case:
             texts = [t.lower() for t in texts]

@@ -17,14 +17,14 @@ from keras_transformer import _checks
 from keras_transformer.tools.text.tokenizer import END, PAD, RESERVED_TOKENS, START, UNK
 
 
-def check_inputs(texts, vocab_size: int, min_frequency: int) -> list[str]:
-    """`texts` as a list, after refusing what no vocabulary can be learned from: a bare
+def check_inputs(texts, vocab_size: int, min_frequency: int) -> tuple[list[str], int, int]:
+    """`texts` as a list, and the sizes as Python ints, after refusing what no vocabulary can be learned from: a bare
     string (one text per character), a value that is not text, no text or only empty
     ones, a vocabulary size without room past the reserved tokens, a negative
     `min_frequency`."""
     texts = _checks.texts(texts)
-    _checks.positive_ints(vocab_size=vocab_size)
-    _checks.counts(min_frequency=min_frequency)
+    vocab_size = _checks.positive_ints(vocab_size=vocab_size)
+    min_frequency = _checks.counts(min_frequency=min_frequency)
     minimum = len(RESERVED_TOKENS) + 1
     if vocab_size < minimum:
         raise ValueError(f"`vocab_size` must be at least {minimum} (the reserved tokens {list(RESERVED_TOKENS)} "
@@ -32,7 +32,7 @@ def check_inputs(texts, vocab_size: int, min_frequency: int) -> list[str]:
     if not any(t.strip() for t in texts):
         raise ValueError(f"Cannot build a vocabulary from an empty corpus. Received: {len(texts)} texts, "
                          "none with a character other than white space")
-    return texts
+    return texts, vocab_size, min_frequency
 
 
 @functools.lru_cache(maxsize=1)
