@@ -55,6 +55,7 @@ test: install docs
 bench: install
 	$(PIP_INSTALL) -e '.[bench]'
 	$(PY) benchmarks/decode.py
+	$(PY) benchmarks/products.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) -m claims
 
