@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -780,6 +781,14 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_for_every_command(tmp_p
             assert err.count("\n") == 1 and f"The tokenizer file {vocab} " in err, (damage, argv, err)
             assert "restore the file from a copy of the run directory" in err
         assert _snapshot(run) == before and not (tmp_path / "export").exists()
+    # The whole directory gone, after training began: not learned again (a vocabulary learned
+    # anew may number its pieces otherwise, and the checkpoints are in the old ids).
+    shutil.rmtree(run / "tokenizer")
+    before = _snapshot(run)
+    assert cli.main(commands[0]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run / 'tokenizer'} is missing, but the run has trained" in err, err
+    assert _snapshot(run) == before
 
 
 @only_on("torch", "backend-independent (the corpus is read and split by the tools' own Python)")

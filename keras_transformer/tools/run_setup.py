@@ -92,12 +92,18 @@ def check_saved_progress(directory: pathlib.Path) -> None:
     from keras_transformer.tools import callbacks, checkpoints
 
     try:
-        checkpoints.TrainingState.progress(directory / "state")
+        done, _ = checkpoints.TrainingState.progress(directory / "state")
     except ValueError as e:
         raise state_error(e, directory) from None
-    for kept in ("checkpoints", "best"):
-        for path in sorted((directory / kept).glob("checkpoint_*.npz")):
-            checkpoints.check_checkpoint(path)
+    saved = [path for kept in ("checkpoints", "best") for path in sorted((directory / kept).glob("checkpoint_*.npz"))]
+    if (done or saved) and not (directory / "tokenizer").is_dir():
+        # Learned again, a vocabulary may number its pieces otherwise (WordPiece's learner
+        # is not deterministic), and the saved weights would be read in other ids.
+        raise RunError(f"{directory / 'tokenizer'} is missing, but the run has trained in its vocabulary's ids. "
+                       "A run's tokenizer is written once, when the run starts: restore the directory from a copy "
+                       "of the run directory, or train a new run in another --output-dir.")
+    for path in saved:
+        checkpoints.check_checkpoint(path)
     checkpoints.read_scores(directory / "best")
     if (directory / "log.csv").is_file():
         callbacks.read_log(directory / "log.csv")
