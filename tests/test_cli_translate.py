@@ -56,6 +56,47 @@ def test_evaluate_and_translate(demo, capsys):
     assert printed.count("\n") == 2 and printed.endswith("\n")  # one line each, empty or not
 
 
+@only_on("torch", "what the flag hands the model is the command's own code; the eager and compiled searches give "
+                  "the same tokens on every backend in test_compiled_search")
+def test_compile_flag_picks_the_search_and_false_gives_the_same_translations(demo, capsys, monkeypatch):
+    import keras
+
+    import keras_transformer as kt
+
+    run = str(demo / "run")
+    texts = ["forty-two", "seven hundred and one", "three"]
+    seen, translate = [], kt.models.Transformer.translate
+
+    def recording(self, *args, compile=True, **kwargs):
+        seen.append(compile)
+        # torch.compile's Inductor would take tens of seconds here: its search is
+        # test_compiled_search's; this test checks what the flag hands the model.
+        return translate(self, *args, compile=False if compile == "torch.compile" else compile, **kwargs)
+
+    monkeypatch.setattr(kt.models.Transformer, "translate", recording)
+    printed = {}
+    for mode in ("true", "false"):
+        assert cli.main(["translate", "--run-dir", run, "--beam-size", "2", "--compile", mode, *texts]) == 0
+        printed[mode] = capsys.readouterr().out
+        assert set(seen) == {mode == "true"}, (mode, seen)
+        seen.clear()
+    assert printed["false"] == printed["true"] and printed["true"].count("\n") == 3
+    assert cli.main(["evaluate", "--run-dir", run, "--limit", "2", "--compile", "false"]) == 0
+    assert set(seen) == {False}, seen
+    seen.clear()
+    capsys.readouterr()
+    assert cli.main(["translate", "--run-dir", run, "--compile", "torch.compile", "seven"]) == 0
+    assert set(seen) == {"torch.compile"}, seen
+    seen.clear()
+    # Another backend refuses it with one line, before the model loads.
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    capsys.readouterr()
+    assert cli.main(["translate", "--run-dir", run, "--compile", "torch.compile", "seven"]) == 2 and seen == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--compile torch.compile runs on the PyTorch backend (KERAS_BACKEND=torch), not " \
+                                    "on jax" in err, err
+
+
 @only_on("jax", "reading and writing the files is the command's own code; the translations come from the "
                 "search test_evaluate_and_translate runs on every backend")
 def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):

@@ -105,7 +105,7 @@ def check_special_ids(model, tokenizer) -> None:
 
 def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
                     batch_size: int | None = None, max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0,
-                    max_input_length: int | None = MAX_INPUT_LENGTH):
+                    max_input_length: int | None = MAX_INPUT_LENGTH, compile=True):
     """Translate a list of strings, batched by length; returns strings in input order.
 
     `batch_size` sentences are decoded together; by default (`None`) as many as keep
@@ -115,7 +115,8 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     first (`n <= beam_size`). An empty text (or one with no tokens) translates to `""`, or
     with `n_best` to `[("", 0.0)]`: one empty translation, so that every text has an entry. A
     text longer than `max_input_length` tokens is cut to its first `max_input_length` (with
-    one `UserWarning` for the call; `None`: no limit).
+    one `UserWarning` for the call; `None`: no limit). `compile` is `Transformer.translate`'s
+    (`False`: the eager search; `"torch.compile"` on PyTorch).
     """
     check_special_ids(model, tokenizer)
     batch_size, max_input_length = _checks.positive_ints(optional=True, batch_size=batch_size,
@@ -142,7 +143,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
             source[r, : len(ids[i])] = ids[i]
         if n_best:
             out, scores = model.translate(source, beam_size, length_penalty, max_extra_length, return_scores=True,
-                                          num_hypotheses=n_best)
+                                          num_hypotheses=n_best, compile=compile)
             out, scores = keras.ops.convert_to_numpy(out), keras.ops.convert_to_numpy(scores)
             if n_best == 1:  # (B, L), (B,) -> one hypothesis per row
                 out, scores = out[:, None], scores[:, None]
@@ -150,7 +151,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
             for r, i in enumerate(chunk):
                 results[i] = [(lines[r * n_best + j], float(scores[r, j])) for j in range(n_best)]
             continue
-        out = model.translate(source, beam_size, length_penalty, max_extra_length)
+        out = model.translate(source, beam_size, length_penalty, max_extra_length, compile=compile)
         for i, text in zip(chunk, tokenizer.detokenize_dense(keras.ops.convert_to_numpy(out))):
             results[i] = text
     return results

@@ -12,6 +12,10 @@ from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_M
                                         MAX_INPUT_LENGTH, MAX_INT, MAX_LENGTH_PENALTY, QUANTIZE_MODES)
 
 
+# `--compile`'s choices, as `Transformer.translate`'s `compile` argument.
+COMPILE_MODES = {"true": True, "false": False, "torch.compile": "torch.compile"}
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each default once: argparse's `(default: ...)`, except where there is none to
     show (`None`, an off switch) or the help already says it (`[default: ...]`)."""
@@ -54,6 +58,7 @@ def load_run(args):
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.config import RunError
 
+    check_compile(args)  # before the model loads
     model, tokenizer = evaluation.load_run(args.run_dir, args.model, quantize=args.quantize)
     largest = largest_beam(model.vocab_size)
     if args.beam_size > largest:
@@ -61,6 +66,18 @@ def load_run(args):
                        f"vocabulary pieces can keep (beam x vocabulary candidates are ranked with int32 indices): "
                        f"give a --beam-size of at most {largest:,}")
     return model, tokenizer
+
+
+def check_compile(args) -> None:
+    """Refuse `--compile torch.compile` (of `translate` and `evaluate`) on a backend other
+    than PyTorch. Loads the backend (Keras reads it from `KERAS_BACKEND` or its config file)."""
+    import keras
+
+    from keras_transformer.tools.config import RunError
+
+    if getattr(args, "compile", None) == "torch.compile" and keras.backend.backend() != "torch":  # export has none
+        raise RunError(f"--compile torch.compile runs on the PyTorch backend (KERAS_BACKEND=torch), not on "
+                       f"{keras.backend.backend()}: give --compile true or false, or set KERAS_BACKEND=torch")
 
 
 def _same_file(a, b) -> bool:
@@ -146,6 +163,12 @@ def decoding_flags(p, batch=True) -> None:
         p.add_argument("--batch-size", type=at_least(1), default=None,
                        help="Sentences decoded together. [default: as many as keep sentences x beam x longest "
                             f"output within {DECODE_BATCH_TOKENS:,} tokens, at most {DECODE_MAX_BATCH:,}]")
+        p.add_argument("--compile", choices=list(COMPILE_MODES), default="true",
+                       help="true: the backend's compiled search (XLA on TensorFlow and JAX, exported programs on "
+                            "PyTorch; a search that cannot be compiled runs eagerly, with a warning). false: the "
+                            "same search eagerly, op by op: the same tokens, slower. torch.compile: PyTorch only, "
+                            "the exported programs also compiled by torch.compile: faster steps for a long job, "
+                            "after tens of seconds of compilation per input shape on a CPU.")
 
 
 def fit_verbosity(args) -> int:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import pathlib
 
-from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
-                                                      decoding_flags, load_run, quantize_flag, run_dir_flag)
+from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
+                                                      check_writable, decoding_flags, load_run, quantize_flag,
+                                                      run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import run_model_file
 
@@ -78,7 +79,8 @@ def run(args) -> int:
     if not pairs:
         raise RunError(f"No sentence pairs to evaluate in the {name} split (empty files?).")
     hypotheses = evaluation.translate_texts(model, tokenizer, [s for s, _ in pairs], args.beam_size,
-                                            args.length_penalty, args.batch_size, max_input_length=args.max_input_length)
+                                            args.length_penalty, args.batch_size, max_input_length=args.max_input_length,
+                                            compile=COMPILE_MODES[args.compile])
     scores = evaluation.score(hypotheses, [t for _, t in pairs], tokenizer)
     evaluation.write_lines(out, hypotheses)
     print(f"sacreBLEU {scores['bleu_signature']}  |  {scores['bleu_char_signature']}  |  {scores['chrf_signature']}")

@@ -8,8 +8,9 @@ import pathlib
 import stat
 import sys
 
-from keras_transformer.tools.commands.common import (add_command, at_least, check_not_an_input, check_writable,
-                                                      decoding_flags, fit_verbosity, load_run, quantize_flag, run_dir_flag)
+from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
+                                                      check_writable, decoding_flags, fit_verbosity, load_run,
+                                                      quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import run_model_file
 
@@ -82,7 +83,8 @@ def run(args) -> int:
     translations, done = [], 0
     for chunk in chunks:
         lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
-                                           n_best=args.n_best or 0, max_input_length=args.max_input_length)
+                                           n_best=args.n_best or 0, max_input_length=args.max_input_length,
+                                           compile=COMPILE_MODES[args.compile])
         if args.n_best:
             lines = [f"{done + i} ||| {text} ||| {score:.4f}"
                      for i, hypotheses in enumerate(lines) for text, score in hypotheses]
