@@ -252,6 +252,39 @@ def test_torch_compile_compiles_each_program_once(monkeypatch):
 
 
 @torch_only
+def test_four_threads_translate_through_torch_compile_with_one_model(monkeypatch):
+    """`compile="torch.compile"` from a threaded server: Dynamo's frames are entered by four
+    threads at once, the first while the programs are exported and compiled. A backend that
+    counts stands in for Inductor (whose C++ takes seconds per program here)."""
+    import torch
+
+    compiled, real_compile = [], torch.compile
+
+    def counting(graph, example_inputs):
+        compiled.append(len(example_inputs))
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=counting, dynamic=False,
+                                                                            fullgraph=True))
+    model = _model(4)
+    inputs = [SOURCE, SOURCE[::-1].copy(), np.roll(SOURCE, 1, axis=1)]
+    expected = [to_numpy(model.translate(x, 2, max_length=6, compile=False), "int32") for x in inputs]
+    results = []
+
+    def work(worker):
+        for call in range(8):
+            which = (worker + call) % 3
+            results.append((which, to_numpy(model.translate(inputs[which], 2, max_length=6,
+                                                            compile="torch.compile"), "int32")))
+
+    assert run_in_threads(work) == []
+    assert len(results) == 32
+    for which, tokens in results:
+        np.testing.assert_array_equal(tokens, expected[which])
+    assert len(compiled) == 2, compiled  # each program compiled once, however many threads reached it
+
+
+@torch_only
 def test_attention_written_out_computes_what_pytorchs_fused_kernel_does():
     import torch
 

@@ -59,6 +59,7 @@ On a GPU, the same tokens in every mode, but a step of a small model is launch-b
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 
 import keras
@@ -211,6 +212,11 @@ class _Program:
         self.graph, self.merged = merge_repeats(self.graph)
         self.written = write_in_place(self.graph, len(values)) if in_place else []
         self.attentions_written_out = 0  # see `torch_graph.attention_as_math`
+        # A `torch.compile`d graph compiles at its first call, and Dynamo compiles it once per
+        # thread that enters before the first compilation is done (four threads: seven
+        # compilations of a beam search's two programs instead of two). The first call runs
+        # alone; the others wait for it, then find the compiled code.
+        self._first_call, self._called = threading.Lock(), False
 
     def __call__(self, values, *args):
         """`fn(*args)` with the variables' values `values`."""
@@ -228,7 +234,12 @@ class _Program:
             for i in self.written:
                 if not owned or _shares_memory(tensors[i], tensors[:i] + tensors[i + 1:], held):
                     tensors[i] = tensors[i].clone()
-        return self.graph(*values, *tensors)
+        if self._called:
+            return self.graph(*values, *tensors)
+        with self._first_call:
+            result = self.graph(*values, *tensors)
+            self._called = True
+        return result
 
 
 def _storage(x) -> int:
