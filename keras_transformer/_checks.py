@@ -114,6 +114,17 @@ def positive_numbers(where: str = "", **values):
     return numbers_above(where, 0, **values)
 
 
+def labels_and_logits(where: str, y_true, y_pred) -> None:
+    """Refuse labels whose shape is not the logits' less their last axis (`(B, T)` for
+    `(B, T, V)`), where both shapes are known: targets not cut to the logits' length would
+    otherwise fail inside the backend's broadcasting, or broadcast."""
+    labels, logits = tuple(y_true.shape), tuple(y_pred.shape)
+    if len(labels) != len(logits) - 1 or any(a is not None and b is not None and a != b
+                                             for a, b in zip(labels, logits)):
+        raise ValueError(f"{where}the labels must be shaped like the logits less their last axis ((B, T) for "
+                         f"(B, T, V)). Received: y_true.shape={labels}, y_pred.shape={logits}")
+
+
 def largest_beam(vocab_size: int) -> int:
     """The largest beam a search over `vocab_size` tokens can keep: each step takes the
     top-k of `beam_size * vocab_size` candidates, whose indices are int32 on every backend

@@ -50,6 +50,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):
+        _checks.labels_and_logits(f"Loss '{self.name}': ", y_true, y_pred)
         y_true = ops.cast(y_true, "int32")
         logits = ops.cast(y_pred, "float32")
         log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)

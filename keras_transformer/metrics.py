@@ -23,6 +23,7 @@ class _MaskedMean(keras.metrics.Metric):
         raise NotImplementedError
 
     def update_state(self, y_true, y_pred, sample_weight=None):
+        _checks.labels_and_logits(f"Metric '{self.name}': ", y_true, y_pred)
         y_true = ops.cast(y_true, "int32")
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         if sample_weight is not None:

@@ -1,5 +1,7 @@
 """Loss, metrics, schedule and checkpoint callbacks of the paper's recipe."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -42,6 +44,19 @@ def test_the_loss_and_the_metrics_refuse_a_pad_id_that_is_not_an_id():
                 metric(pad_id=bad)
     with pytest.raises(ValueError, match=r"Loss 'label_smoothed_cross_entropy': `epsilon` must be in \[0, 1\)"):
         kt.losses.LabelSmoothedCrossEntropy(epsilon=1.0)
+
+
+def test_the_loss_and_the_metrics_refuse_labels_not_shaped_like_the_logits():
+    # Targets one position longer than the logits (not shifted), and labels one-hot
+    # encoded: a broadcasting error inside the backend before, or on TensorFlow a loss.
+    logits, labels = _logits_and_labels()
+    for bad in (np.concatenate([labels, labels[:, :1]], axis=1), np.eye(7, dtype="int32")[labels]):
+        message = rf"the labels must be shaped like the logits less their last axis .*y_true.shape={re.escape(str(bad.shape))}"
+        with pytest.raises(ValueError, match=f"Loss 'label_smoothed_cross_entropy': {message}"):
+            kt.losses.LabelSmoothedCrossEntropy()(bad, logits)
+        for metric in (kt.metrics.MaskedAccuracy(), kt.metrics.Perplexity()):
+            with pytest.raises(ValueError, match=f"Metric '{metric.name}': {message}"):
+                metric.update_state(bad, logits)
 
 
 def test_masked_accuracy_and_perplexity():
