@@ -228,11 +228,9 @@ def test_torch_compile_gives_the_eager_search_tokens():
         np.testing.assert_array_equal(tokens, expected)
 
 
-@torch_only
-def test_torch_compile_compiles_each_program_once(monkeypatch):
-    """A beam search's first loop variables hold one tensor twice, its later ones never do;
-    Dynamo guards on which arguments are one tensor, and compiled the loop's iteration again
-    at the second iteration (Inductor's C++: seconds). Here a backend that only counts."""
+def _count_torch_compilations(monkeypatch) -> list:
+    """`torch.compile` with a backend that records each compilation (its number of inputs)
+    and runs the graph as it is, instead of Inductor (whose C++ takes seconds per program)."""
     import torch
 
     compiled, real_compile = [], torch.compile
@@ -243,6 +241,15 @@ def test_torch_compile_compiles_each_program_once(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=counting, dynamic=False,
                                                                             fullgraph=True))
+    return compiled
+
+
+@torch_only
+def test_torch_compile_compiles_each_program_once(monkeypatch):
+    """A beam search's first loop variables hold one tensor twice, its later ones never do;
+    Dynamo guards on which arguments are one tensor, and compiled the loop's iteration again
+    at the second iteration (Inductor's C++: seconds). Here a backend that only counts."""
+    compiled = _count_torch_compilations(monkeypatch)
     model = _model(5)
     for _ in range(2):
         got = _compiled_translate(model, SOURCE, 2, max_length=5, compile="torch.compile")
@@ -256,16 +263,7 @@ def test_four_threads_translate_through_torch_compile_with_one_model(monkeypatch
     """`compile="torch.compile"` from a threaded server: Dynamo's frames are entered by four
     threads at once, the first while the programs are exported and compiled. A backend that
     counts stands in for Inductor (whose C++ takes seconds per program here)."""
-    import torch
-
-    compiled, real_compile = [], torch.compile
-
-    def counting(graph, example_inputs):
-        compiled.append(len(example_inputs))
-        return graph.forward
-
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=counting, dynamic=False,
-                                                                            fullgraph=True))
+    compiled = _count_torch_compilations(monkeypatch)
     model = _model(4)
     inputs = [SOURCE, SOURCE[::-1].copy(), np.roll(SOURCE, 1, axis=1)]
     expected = [to_numpy(model.translate(x, 2, max_length=6, compile=False), "int32") for x in inputs]
