@@ -490,7 +490,7 @@ def test_a_text_longer_than_max_input_length_is_cut_with_one_warning(tokenizer):
         start_id, end_id = tokenizer.start_id, tokenizer.end_id
         rows = []
 
-        def translate(self, source, beam_size, length_penalty, max_extra_length):
+        def translate(self, source, beam_size, length_penalty, max_extra_length, compile=True):
             self.rows += [row[row != self.pad_id].tolist() for row in np.asarray(source)]
             return np.full((len(source), 1), self.end_id, "int32")
 
@@ -518,7 +518,7 @@ def test_default_decode_batches_keep_the_token_budget_and_the_row_cap(tokenizer,
         start_id, end_id = tokenizer.start_id, tokenizer.end_id
         shapes = []
 
-        def translate(self, source, beam_size, length_penalty, max_extra_length):
+        def translate(self, source, beam_size, length_penalty, max_extra_length, compile=True):
             self.shapes.append(source.shape)
             return np.full((len(source), 1), self.end_id, "int32")
 

@@ -51,9 +51,9 @@ def check_not_an_input(flag: str, output, inputs: dict) -> None:
 
 def load_run(args):
     """The run's `(model, tokenizer)` for a command that searches (`--run-dir`, `--model`,
-    `--quantize`), refusing a `--beam-size` larger than the search can keep for this
-    vocabulary (`_checks.largest_beam`: a larger top-k failed inside JAX, or ran out of
-    memory)."""
+    `--quantize`), refusing `--compile torch.compile` off PyTorch (`check_compile`) and a
+    `--beam-size` larger than the search can keep for this vocabulary
+    (`_checks.largest_beam`: a larger top-k failed inside JAX, or ran out of memory)."""
     from keras_transformer._checks import largest_beam
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.config import RunError
