@@ -48,7 +48,7 @@ def test_the_loss_and_the_metrics_refuse_a_pad_id_that_is_not_an_id():
 
 def test_the_loss_and_the_metrics_refuse_labels_not_shaped_like_the_logits():
     # Targets one position longer than the logits (not shifted), and labels one-hot
-    # encoded: a broadcasting error inside the backend before, or on TensorFlow a loss.
+    # encoded: before, each backend's own error about broadcasting or dimensions.
     logits, labels = _logits_and_labels()
     for bad in (np.concatenate([labels, labels[:, :1]], axis=1), np.eye(7, dtype="int32")[labels]):
         message = rf"the labels must be shaped like the logits less their last axis .*y_true.shape={re.escape(str(bad.shape))}"
