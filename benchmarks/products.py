@@ -25,9 +25,10 @@ import json
 import pathlib
 import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from timing import first_then_repeats  # noqa: E402 (beside this script)
 
 LOOP = 1000  # products per compiled loop
 
@@ -41,12 +42,9 @@ def shapes(preset: dict, vocab_size: int) -> list[tuple[str, int, int, int]]:
 
 
 def _median_us(run, calls: int, repeats: int) -> float:
-    run()  # compiles, or warms the kernel's caches
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+    """Microseconds per product: `run()` once (it compiles, or warms the kernel's caches),
+    then the median of `repeats` timed runs of `calls` products each."""
+    _, _, times = first_then_repeats(run, repeats)
     return statistics.median(times) / calls * 1e6
 
 

@@ -116,8 +116,8 @@ def positive_numbers(where: str = "", **values):
 
 def labels_and_logits(where: str, y_true, y_pred) -> None:
     """Refuse labels whose shape is not the logits' less their last axis (`(B, T)` for
-    `(B, T, V)`), where both shapes are known: targets not cut to the logits' length would
-    otherwise fail inside the backend's broadcasting, or broadcast."""
+    `(B, T, V)`), where both shapes are known: targets not cut to the logits' length, or
+    one-hot labels, would otherwise fail inside the backend with its own message."""
     labels, logits = tuple(y_true.shape), tuple(y_pred.shape)
     if len(labels) != len(logits) - 1 or any(a is not None and b is not None and a != b
                                              for a, b in zip(labels, logits)):
