@@ -10,7 +10,15 @@ import pytest
 import keras_transformer as kt
 from tests.conftest import randomize_weights, to_numpy
 
-torch = pytest.importorskip("torch", reason="torch is part of the dev extra; parity needs it")
+torch = None  # imported when this file's tests run, not when pytest collects it (see `_torch`)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch():
+    """PyTorch, imported for this file's tests: imported while pytest collects, it cost
+    every xdist worker of the TensorFlow and JAX suites ~2 s at its start."""
+    global torch
+    torch = pytest.importorskip("torch", reason="torch is part of the dev extra; parity needs it")
 
 
 def _t(x):
