@@ -42,6 +42,13 @@ def positive_ints(where: str = "", *, optional: bool = False, **values):
     return _integers(where, 1, "a positive integer", optional, values)
 
 
+def window(where: str, value):
+    """Refuse a restricted-attention window that is not an integer in `[1, MAX_INT]`
+    (`None`, full attention, passes); returns it as a Python int or None."""
+    return _integers(where, 1, "an integer >= 1 (the distance r of restricted self-attention)", True,
+                     {"window": value})
+
+
 def counts(where: str = "", **values):
     """Refuse any value that is not an integer >= 0; returns them as Python ints (one
     alone, several as a tuple, in the order given)."""

@@ -11,13 +11,12 @@ means "may attend".
 from __future__ import annotations
 
 import math
-import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer import _compat
+from keras_transformer import _checks, _compat
 from keras_transformer.defaults import PAD_ID
 
 __all__ = [
@@ -184,15 +183,8 @@ def scaled_dot_product_attention(
 
 def check_window(window, where: str = "keras_transformer") -> int | None:
     """Refuse a restricted-attention window that is not an integer >= 1 (or None); returns
-    it as a Python int (NumPy's integers count)."""
-    if window is None:
-        return None
-    if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 1:
-        raise ValueError(
-            f"{where}: `window` must be an integer >= 1 (the distance r of restricted "
-            f"self-attention) or None. Received: window={window!r}"
-        )
-    return int(window)
+    it as a Python int (NumPy's integers count). The rule is `_checks.window`'s."""
+    return _checks.window(f"{where}: ", window)
 
 
 def band_mask(query_length, key_length, window: int, causal: bool = False, offset=0):

@@ -106,7 +106,7 @@ def test_fit_and_serialization_with_window(tmp_path):
     np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(model(x)), atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [0, -1, 2.5, "3", True])
+@pytest.mark.parametrize("window", [0, -1, 2.5, "3", True, 2**31])
 def test_bad_window_is_refused(window):
     with pytest.raises(ValueError, match="window"):
         kt.layers.MultiHeadAttention(2, window=window)
