@@ -89,6 +89,8 @@ def test_two_processes_train_like_one_and_a_killed_one_stops_the_other_and_the_l
     assert chief.returncode == 1, err[-3000:]
     errors = _errors(err)
     assert len(errors) == 1 and "process 1 stopped answering" in errors[0], err[-3000:]
+    # The collectives of `train` are traced once (TensorFlow warned of each eager call, then of retracing).
+    assert "eagerly has significant overhead" not in err and "retracing" not in err, err[-3000:]
     worker.communicate()
     assert not (run / "metrics.json").exists()
 
@@ -137,10 +139,6 @@ def test_processes_that_disagree_are_refused_before_training(tmp_path):
     assert not (tmp_path / "run" / "state").exists()
 
 
-@pytest.mark.skipif(BACKEND == "tensorflow", reason=(
-    "MultiWorkerMirroredStrategy waits for every worker inside TensorFlow's context initialization, holding "
-    "the GIL (context.ensure_initialized), so no timer of the process runs; TensorFlow's own cluster "
-    "registration timeout bounds the wait"))
 @pytest.mark.parametrize("process_id, status, message", [
     # The chief alone: its worker never arrived (a fault: status 1).
     (0, 1, "process 1 never arrived"),
@@ -188,9 +186,9 @@ def test_a_cluster_that_did_not_form_names_each_cause_the_process_can_have_met()
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason=(
-    "PyTorch only: on JAX the coordination service aborts the chief and the first process from C++ "
-    "(SIGABRT: '1 unexpectedly tried to connect with a different incarnation'), before any Python runs; on "
-    "TensorFlow the strategy waits inside its initialization holding the GIL"))
+    "PyTorch only (its process group's store): on JAX the coordination service aborts the chief and the first "
+    "process from C++ (SIGABRT: '1 unexpectedly tried to connect with a different incarnation'), before any "
+    "Python runs; on TensorFlow a taken index is a taken port, test_a_tensorflow_process_whose_port_is_taken..."))
 @pytest.mark.parametrize("num_processes, message", [
     (2, "another process already joined as process 1: each process needs its own index (RANK), 0 to 1."),
     (3, "this process was started for 3 processes and process 0 for 2 (WORLD_SIZE): start every process with "
@@ -219,6 +217,28 @@ def test_a_process_with_a_taken_index_or_another_count_is_refused_at_once(num_pr
     errors = _errors(result.stderr)
     assert errors == [f"keras-transformer train: error: process 1 of {num_processes}: {message}"], result.stderr[-3000:]
     assert store.add("keras-transformer/index/1", 0) == (2 if num_processes == 2 else 1)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF_CONFIG and MultiWorkerMirroredStrategy are TensorFlow's")
+def test_a_tensorflow_process_whose_port_is_taken_is_refused_in_one_line():
+    """Two processes given the same task.index: the one that comes second finds its gRPC port
+    taken (here the test holds the chief's port, which answers, and process 1's). It was
+    TensorFlow's 'Could not start gRPC server' and an internal error with a traceback."""
+    port = cluster.free_port(2)
+    with socket.socket() as chief, socket.socket() as taken:
+        for held, number in ((chief, port), (taken, port + 1)):
+            held.bind(("localhost", number))
+            held.listen()
+        join = ("from keras_transformer.tools import cluster, collectives; "
+                f"collectives.join(cluster.Cluster('tensorflow', 2, 1, 'localhost:{port}'), timeout=60)")
+        start = time.time()
+        result = subprocess.run([sys.executable, "-c", join], capture_output=True, text=True, timeout=120,
+                                env=_env(1, 2, port))
+    assert result.returncode == 2 and time.time() - start < 50, result.stderr[-3000:]
+    assert _errors(result.stderr) == [
+        f"keras-transformer train: error: process 1 of 2: TensorFlow could not listen at localhost:{port + 1}, this "
+        f"process's address in TF_CONFIG: another process was given the same task.index (1), or another program "
+        f"uses the port."], result.stderr[-3000:]
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel runs on JAX; checked in the JAX suite")

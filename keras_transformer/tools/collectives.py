@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError
 
@@ -23,11 +24,13 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     """Start the backend's engine and wait for every process, at most `timeout` seconds.
 
     The others not all there in time, one line and status 1 (the engines wait far longer,
-    or abort the process, so a timer gives up first). On TensorFlow the strategy waits
-    inside its context initialization without releasing the GIL, so the timer cannot run
-    and TensorFlow's own registration timeout applies.
+    or abort the process, so a timer gives up first); nothing answering at the
+    coordinator's address, status 2. TensorFlow: `_join_tensorflow`.
     """
     if not cluster.distributed:
+        return
+    if cluster.backend == "tensorflow":
+        _join_tensorflow(cluster, timeout)
         return
     done = threading.Event()
 
@@ -48,26 +51,81 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
             import keras
 
             keras.distribution.initialize()  # reads KERAS_DISTRIBUTION_*
-        elif cluster.backend == "tensorflow":
-            import tensorflow as tf
-
-            global _STRATEGY
-            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
-            try:
-                barrier(cluster, "joined")  # the strategy's first collective waits for every worker
-            except tf.errors.OpError as e:
-                # Worker lists of different lengths: TensorFlow forms the group and its first
-                # collective fails in every process ("... is joining a group with size3, but
-                # that group has size 2").
-                if "joining a group with size" not in str(e):
-                    raise
-                _exit(cluster, "the processes were started for different numbers of processes (the worker lists of "
-                               "their TF_CONFIG differ): give every process the same cluster.worker list", 2)
         else:
             _join_torch(cluster, timeout)
     finally:
         done.set()
         timer.cancel()
+
+
+def _join_tensorflow(cluster: Cluster, timeout: float) -> None:
+    """`MultiWorkerMirroredStrategy` from TF_CONFIG, given up on after `timeout` seconds.
+
+    The strategy waits for every worker inside TensorFlow's context initialization without
+    releasing the GIL, so no Python timer runs there (TensorFlow's own registration timeout
+    is an hour). Instead, a process other than the chief first waits for the chief's gRPC
+    port to answer (the chief opens it before it waits for the others): nothing there in
+    time is a wrong address or a chief that never started, status 2. The wait inside
+    TensorFlow is then bounded by `faulthandler`'s watchdog, a thread of C that needs no
+    GIL: it ends the process with status 1 at the deadline, and `_watchdog`'s small process
+    prints the one line.
+    """
+    import tensorflow as tf
+
+    deadline = time.monotonic() + timeout
+    if not cluster.chief:
+        while not answers(cluster.address, timeout=1.0):
+            if time.monotonic() >= deadline:
+                _exit(cluster, *not_formed(cluster, timeout, answered=False))
+            time.sleep(0.25)
+    global _STRATEGY
+    with _watchdog(_line(cluster, not_formed(cluster, timeout, answered=True)[0]), deadline - time.monotonic()):
+        try:
+            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
+        except tf.errors.UnknownError as e:
+            if "Could not start gRPC server" not in str(e):
+                raise
+            # Another process holds this one's port: the same task.index given twice, or
+            # another program there (the chief's port is checked before the backend loads).
+            own = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][cluster.process_id]
+            _exit(cluster, f"TensorFlow could not listen at {own}, this process's address in TF_CONFIG: another "
+                           f"process was given the same task.index ({cluster.process_id}), or another program "
+                           f"uses the port", 2)
+        try:
+            barrier(cluster, "joined")  # the strategy's first collective waits for every worker
+        except tf.errors.OpError as e:
+            # Worker lists of different lengths: TensorFlow forms the group and its first
+            # collective fails in every process ("... is joining a group with size3, but
+            # that group has size 2").
+            if "joining a group with size" not in str(e):
+                raise
+            _exit(cluster, "the processes were started for different numbers of processes (the worker lists of "
+                           "their TF_CONFIG differ): give every process the same cluster.worker list", 2)
+
+
+# The process that prints a watchdog's line: it reads what `faulthandler` writes when the
+# time is up (the threads' tracebacks, not shown) and prints the line instead; an end of
+# input with nothing read (the wait ended in time, or the process was killed) prints nothing.
+_SPEAKER = "import sys\nif sys.stdin.buffer.read(1):\n    sys.stderr.write(sys.argv[1] + '\\n')\n"
+
+
+@contextlib.contextmanager
+def _watchdog(line: str, seconds: float):
+    """End this process with status 1 and `line` on stderr if the block takes longer than
+    `seconds`, even while a C library holds the GIL (`faulthandler.dump_traceback_later`,
+    whose `exit=True` is `_exit(1)`)."""
+    import faulthandler
+    import subprocess
+
+    speaker = subprocess.Popen([sys.executable, "-I", "-S", "-c", _SPEAKER, line], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL)
+    faulthandler.dump_traceback_later(max(seconds, 0.1), exit=True, file=speaker.stdin)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        speaker.stdin.close()
+        speaker.wait()
 
 
 def not_formed(cluster: Cluster, timeout: float, answered: bool) -> tuple[str, int]:
@@ -158,8 +216,12 @@ def _resumable(reason: str) -> str:
 
 
 def _exit(cluster: Cluster, message: str, status: int) -> None:
-    print(f"keras-transformer train: error: {cluster.name}: {message}.", file=sys.stderr, flush=True)
+    print(_line(cluster, message), file=sys.stderr, flush=True)
     os._exit(status)
+
+
+def _line(cluster: Cluster, message: str) -> str:
+    return f"keras-transformer train: error: {cluster.name}: {message}."
 
 
 def answers(address: str | None, timeout: float = 2.0) -> bool:
@@ -236,9 +298,7 @@ def all_gather(cluster: Cluster, data: bytes) -> list[bytes]:
 
         rows = np.asarray(multihost_utils.process_allgather(row))
     elif cluster.backend == "tensorflow":
-        import tensorflow as tf
-
-        rows = _STRATEGY.gather(_STRATEGY.run(lambda: tf.constant(row[None])), axis=0).numpy()
+        rows = _tensorflow_gather(row)
     else:
         import torch
         import torch.distributed as dist
@@ -249,6 +309,21 @@ def all_gather(cluster: Cluster, data: bytes) -> list[bytes]:
         dist.all_gather(gathered, local)
         rows = np.stack([g.cpu().numpy() for g in gathered])
     return [bytes(r[1:1 + r[0]].astype(np.uint8)) for r in rows]
+
+
+_GATHER = None
+
+
+def _tensorflow_gather(row):
+    """Every process's `row`, stacked, through the strategy's gather: a `tf.function` traced
+    once (run eagerly, each call logged TensorFlow's warning about the overhead of an eager
+    collective, and a new function per call its warnings about retracing)."""
+    global _GATHER
+    import tensorflow as tf
+
+    if _GATHER is None:
+        _GATHER = tf.function(lambda row: _STRATEGY.gather(_STRATEGY.run(lambda r: r[None], args=(row,)), axis=0))
+    return _GATHER(tf.constant(row)).numpy()
 
 
 def agree(cluster: Cluster, error: Exception | None) -> None:

@@ -115,8 +115,8 @@ def run(args) -> int:
 
 # Seconds the other processes get to stop by themselves once one has failed (on JAX and
 # PyTorch they do, at their next collective, naming the lost process), then SIGTERM, and
-# SIGKILL after as many again. TensorFlow's strategy waits inside its start-up for a worker
-# that never joins, up to its own hour: `torchrun`'s agent stops the others too.
+# SIGKILL after as many again (a process may be inside an engine that does not notice a
+# lost peer for longer): `torchrun`'s agent stops the others too.
 STOP_OTHERS_AFTER = 30.0
 
 

@@ -39,8 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.add_argument("--cluster-timeout", type=at_least(1.0, float), default=JOIN_TIMEOUT,
                    help="In a multi-process run (see `keras-transformer launch`): seconds to wait for every "
-                        "process to join before giving up (on JAX and PyTorch; TensorFlow's strategy waits "
-                        "up to its own one hour).")
+                        "process to join before giving up.")
     p.set_defaults(handler=run, check=check)
 
 
