@@ -146,7 +146,7 @@ def test_processes_that_disagree_are_refused_before_training(tmp_path):
     (1, 2, "nothing answers at the coordinator's address localhost:"),
 ])
 def test_a_process_left_alone_is_named_within_the_timeout(tmp_path, process_id, status, message):
-    argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "3"]
+    argv = ["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "1"]
     start = time.time()
     alone = _start(argv, _env(process_id, 2, cluster.free_port()))
     _, err = alone.communicate(timeout=120)
