@@ -131,11 +131,17 @@ def test_processes_that_disagree_are_refused_before_training(tmp_path):
                              "their TF_CONFIG differ)",
                "torch": "the processes disagree on --seed: process 1's differs"}[BACKEND]
     processes = [_start(argv + (["--seed", "1"] if i else []), _env(i, count if i else 2, port)) for i in (0, 1)]
+    named = []
     for process in processes:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 2, err[-3000:]
         errors = _errors(err)
-        assert len(errors) == 1 and message in errors[0], err[-3000:]
+        assert len(errors) == 1, err[-3000:]
+        named.append(message in errors[0])
+        # On TensorFlow the first process to meet the mismatch ends, and one still waiting for
+        # the group may lose the connection first (under load): it says so and points at the other's line.
+        assert named[-1] or (BACKEND == "tensorflow" and "another process ended as they joined" in errors[0]), err
+    assert any(named)
     assert not (tmp_path / "run" / "state").exists()
 
 

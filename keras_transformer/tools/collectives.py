@@ -97,10 +97,14 @@ def _join_tensorflow(cluster: Cluster, timeout: float) -> None:
             # Worker lists of different lengths: TensorFlow forms the group and its first
             # collective fails in every process ("... is joining a group with size3, but
             # that group has size 2").
-            if "joining a group with size" not in str(e):
-                raise
-            _exit(cluster, "the processes were started for different numbers of processes (the worker lists of "
-                           "their TF_CONFIG differ): give every process the same cluster.worker list", 2)
+            if "joining a group with size" in str(e):
+                _exit(cluster, "the processes were started for different numbers of processes (the worker lists "
+                               "of their TF_CONFIG differ): give every process the same cluster.worker list", 2)
+            # Another process ended while the group formed (the first to meet that mismatch
+            # exits, and a process still waiting for the group then loses the connection).
+            _exit(cluster, f"the processes did not form a group: another process ended as they joined, and its own "
+                           f"line says why (worker lists of different lengths in TF_CONFIG end them there; "
+                           f"{type(e).__name__})", 2)
 
 
 # The process that prints a watchdog's line: it reads what `faulthandler` writes when the
