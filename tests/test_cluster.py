@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -338,6 +339,61 @@ def test_the_chief_refuses_a_port_in_use():
             cluster.from_environment("jax", cluster.launch_environment("jax", 2, 0, port))
         # The other processes connect to it: not theirs to refuse.
         assert cluster.from_environment("jax", cluster.launch_environment("jax", 2, 1, port)).process_id == 1
+
+
+def test_the_port_of_a_run_that_just_ended_is_taken_again():
+    """A killed coordinator leaves its connections in TIME_WAIT for a minute. The engines
+    listen with SO_REUSEADDR and can take the port again; the check did not, and refused the
+    relaunch that resumes the run ("Address already in use. Choose a free port.")."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC and PyTorch's store do
+        server.bind(("localhost", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("localhost", port))
+        accepted, _ = server.accept()
+    accepted.close()  # the coordinator's side closes first: its port's connection waits
+    time.sleep(0.1)
+    client.close()
+    for backend in ("jax", "torch"):
+        assert cluster.from_environment(backend, cluster.launch_environment(backend, 2, 0, port)).chief
+    cluster.check_launch_port("jax", 2, port)
+
+
+def test_each_tensorflow_worker_is_a_host_and_port_and_its_own_is_free():
+    def tf_config(workers, index):
+        return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})}
+
+    # Worker 1's address was not checked: it waited for the chief, then TensorFlow could not listen.
+    with pytest.raises(ClusterError, match=r"^TF_CONFIG's cluster.worker\[1\] must be a host:port; got 'localhost'"):
+        cluster.from_environment("tensorflow", tf_config(["localhost:29500", "localhost"], 1))
+    with pytest.raises(ClusterError, match=r"^this process's host 'no-such-host.invalid' \(TF_CONFIG's "
+                                           r"cluster.worker\[1\]\) does not resolve"):
+        cluster.from_environment("tensorflow", tf_config(["localhost:29500", "no-such-host.invalid:29501"], 1))
+    # Another worker's host is for that worker to resolve; its form is checked everywhere.
+    assert cluster.from_environment("tensorflow", tf_config(["localhost:29500", "localhost:29501",
+                                                             "no-such-host.invalid:29502"], 1)).process_id == 1
+    with pytest.raises(ClusterError, match=r"cluster.worker\[2\] must be a host:port; got 'localhost:0'"):
+        cluster.from_environment("tensorflow", tf_config(["localhost:29500", "localhost:29501", "localhost:0"], 1))
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ClusterError, match=re.escape(
+                f"this process's port localhost:{port} (TF_CONFIG's cluster.worker[1]) cannot be used: Address "
+                "already in use. Another process was given the same task.index (1), or another program uses the "
+                "port.")):
+            cluster.from_environment("tensorflow", tf_config([f"localhost:{cluster.free_port()}", f"localhost:{port}"],
+                                                             1))
+
+
+def test_an_ipv6_coordinator_is_written_in_brackets_and_a_rank_alone_is_not_one_process():
+    environ = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"[::1]:{cluster.free_port()}",
+               "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1"}
+    assert cluster.from_environment("jax", environ).address == environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
+    # RANK without WORLD_SIZE trained as a single process, writing the run as its chief.
+    with pytest.raises(ClusterError, match="^WORLD_SIZE must be an integer >= 1; got None"):
+        cluster.from_environment("torch", {"RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"})
 
 
 def test_launch_refuses_a_port_out_of_range_or_in_use_once_before_starting(monkeypatch, capsys):

@@ -86,12 +86,13 @@ def from_environment(backend: str, environ=None) -> Cluster:
         address, count, index = (environ.get(v) for v in JAX_VARIABLES)
         names = JAX_VARIABLES
         address = address.split(",")[0] if address else address
-    elif backend == "torch" and "WORLD_SIZE" in environ:
+    elif backend == "torch" and ("WORLD_SIZE" in environ or "RANK" in environ):
         host, port, count, index = (environ.get(v) for v in TORCH_VARIABLES)
         names = ("MASTER_ADDR:MASTER_PORT", "WORLD_SIZE", "RANK")
         address = f"{host}:{port}" if host and port else None
     elif backend == "tensorflow" and environ.get("TF_CONFIG"):
-        address, count, index = _tf_config(environ["TF_CONFIG"])
+        workers, count, index = _tf_config(environ["TF_CONFIG"])
+        address = workers[0] if workers else None
         names = ("TF_CONFIG's cluster.worker[0]", "the number of TF_CONFIG's workers", "TF_CONFIG's task.index")
     else:
         return Cluster(backend)
@@ -104,6 +105,8 @@ def from_environment(backend: str, environ=None) -> Cluster:
     if cluster.distributed:
         # Under torchrun its agent, not process 0, already listens on MASTER_PORT.
         _check_address(address, names[0], listen=cluster.chief and "TORCHELASTIC_RUN_ID" not in environ)
+        if backend == "tensorflow":
+            _check_tf_workers(workers, index)
     return cluster
 
 
@@ -147,28 +150,50 @@ def _tf_config(text: str):
                            "on its own host:port.")
     if task.get("type", "worker") != "worker":
         raise ClusterError(f"TF_CONFIG's task.type must be 'worker'; got {task['type']!r}.")
-    return (workers[0] if workers else None), len(workers), task.get("index")
+    return workers, len(workers), task.get("index")
 
 
-def _check_address(address: str | None, name: str, listen: bool) -> None:
-    """`host:port` that resolves; on the process that will listen on it, a free port."""
+def _check_tf_workers(workers: list, index: int) -> None:
+    """Every worker of TF_CONFIG is a `host:port`, and this process's own (it listens there:
+    TensorFlow's gRPC server) resolves and, on this machine, is free."""
+    for i, worker in enumerate(workers):
+        _check_form(worker, f"TF_CONFIG's cluster.worker[{i}]", "a host:port")
+    if index:  # worker 0's is the coordinator's, already checked
+        _check_address(workers[index], f"TF_CONFIG's cluster.worker[{index}]", listen=True, whose="this process's",
+                       taken=f"Another process was given the same task.index ({index}), or another program uses "
+                             "the port.")
+
+
+def _check_address(address: str | None, name: str, listen: bool, whose: str = "the coordinator's",
+                   taken: str = "Choose a free port.") -> None:
+    """`host:port` that resolves; on the process that will listen on it, a free port.
+    `whose` address it is and what to say of a port `taken` go into the messages."""
     if not address:
         raise ClusterError(f"{name} is not set: the processes of a run need the coordinator's host:port.")
-    host, _, port = address.rpartition(":")
-    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ClusterError(f"{name} must be the coordinator's host:port; got {address!r}.")
+    host, port = _check_form(address, name)
     try:
-        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise ClusterError(f"the coordinator's host {host!r} ({name}) does not resolve: {e.strerror}.") from None
+        raise ClusterError(f"{whose} host {host!r} ({name}) does not resolve: {e.strerror}.") from None
     local = {"localhost", "0.0.0.0", "::", socket.gethostname()}
     if listen and (host in local or any(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos)):
-        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
-            try:
-                s.bind(infos[0][4])
-            except OSError as e:
-                raise ClusterError(f"the coordinator's port {address} ({name}) cannot be used: {e.strerror}. "
-                                   "Choose a free port.") from None
+        error = _bind_error(infos[0][0], infos[0][4])
+        if error:
+            raise ClusterError(f"{whose} port {address} ({name}) cannot be used: {error.strerror}. {taken}")
+
+
+def host_and_port(address: str | None) -> tuple[str, str]:
+    """`host:port` split at its last colon, an IPv6 host's brackets dropped (`[::1]:29500`)."""
+    host, _, port = (address or "").rpartition(":")
+    return host.strip("[]"), port
+
+
+def _check_form(address: str, name: str, what: str = "the coordinator's host:port") -> tuple[str, int]:
+    """The host and the port of `host:port`, checked."""
+    host, port = host_and_port(address)
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ClusterError(f"{name} must be {what}; got {address!r}.")
+    return host, int(port)
 
 
 def check_launch_port(backend: str, num_processes: int, port: int) -> None:
@@ -194,12 +219,21 @@ def free_port(count: int = 1) -> int:
 
 
 def _is_free(port: int) -> bool:
-    with socket.socket() as s:
+    return _bind_error(socket.AF_INET, ("localhost", port)) is None
+
+
+def _bind_error(family, address) -> OSError | None:
+    """What binding a listening socket to `address` would raise, as the engines bind theirs:
+    with `SO_REUSEADDR`, so that the connections of a run that just ended (a killed
+    coordinator's, in TIME_WAIT for a minute) do not keep its relaunch off the port; a
+    socket that listens there still does."""
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("localhost", port))
-        except OSError:
-            return False
-    return True
+            s.bind(address)
+        except OSError as error:
+            return error
+    return None
 
 
 def launch_environment(backend: str, num_processes: int, process_id: int, port: int) -> dict:

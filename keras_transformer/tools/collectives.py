@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError
+from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError, host_and_port
 
 def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     """Start the backend's engine and wait for every process, at most `timeout` seconds.
@@ -167,7 +167,7 @@ def _join_torch(cluster: Cluster, timeout: float) -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         dist.init_process_group(backend, timeout=wait)
         return
-    host, port = _host_and_port(cluster.address)
+    host, port = host_and_port(cluster.address)
     store = dist.TCPStore(host, int(port), cluster.num_processes, is_master=cluster.chief,
                           timeout=wait, wait_for_workers=False)
     # Told another number of processes than process 0, a process would wait for ones that never
@@ -236,18 +236,12 @@ def answers(address: str | None, timeout: float = 2.0) -> bool:
     """
     import socket
 
-    host, port = _host_and_port(address)
+    host, port = host_and_port(address)
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return True
     except (OSError, ValueError):
         return False
-
-
-def _host_and_port(address: str | None) -> tuple[str, str]:
-    """`host:port` split at its last colon, an IPv6 host's brackets dropped (`[::1]:29500`)."""
-    host, _, port = (address or "").rpartition(":")
-    return host.strip("[]"), port
 
 
 def lost(cluster: Cluster, error: BaseException) -> str | None:
