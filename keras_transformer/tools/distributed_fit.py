@@ -129,13 +129,23 @@ class LocalCopy:
         self.cluster, self.model, self.build = cluster, model, build
         self._copy = None
 
-    def __call__(self):
+    def __call__(self, optimizer: bool = False):
+        """The copy; with `optimizer`, its optimizer holds the model's optimizer's state too
+        (for the model that is saved: a one-process run's `model.keras` holds it, and Keras
+        warns at every load of one whose optimizer it cannot fill)."""
         if not self.cluster.distributed:
             return self.model
         if self._copy is None:
             with alone(self.cluster):
                 self._copy = self.build()
         self._copy.set_weights(self.model.get_weights())
+        if optimizer:
+            target = self._copy.optimizer
+            if not target.built:
+                with alone(self.cluster):
+                    target.build(self._copy.trainable_variables)
+            for mine, theirs in zip(target.variables, self.model.optimizer.variables, strict=True):
+                mine.assign(theirs.numpy())
         return self._copy
 
 

@@ -226,8 +226,8 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     if cluster.chief:
         steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         with distributed_fit.alone(cluster):
-            metrics = _finish(local_model(), config, output_dir, corpus, tokenizer, best, last, interruptible,
-                          {"steps": steps, "train_seconds_this_session": round(train_seconds, 1)})
+            metrics = _finish(local_model(optimizer=True), config, output_dir, corpus, tokenizer, best, last,
+                              interruptible, {"steps": steps, "train_seconds_this_session": round(train_seconds, 1)})
     collectives.barrier(cluster, "run finished")
     if not cluster.chief:
         metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
