@@ -7,6 +7,7 @@ The processes run on this machine, as on a cluster: JAX through `keras.distribut
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -283,6 +285,32 @@ def test_model_parallel_on_a_mesh_across_two_processes_trains_like_one_device():
     assert results[0]["query_shards"] == [[32, 16], [32, 16]]
     np.testing.assert_allclose(results[0]["sharded_fit"], results[0]["single_fit"], rtol=1e-5, atol=1e-5)
     assert results[1]["sharded_fit"] == results[0]["sharded_fit"]  # one global loss, seen by both
+
+
+@only_on("torch", "the retries' C++ log is PyTorch's store's; a JAX or TensorFlow process pointed at such an "
+                  "address printed its one line and nothing else")
+def test_a_coordinator_address_where_another_program_answers_is_one_line(tmp_path):
+    """Another program at the coordinator's address (a wrong port): PyTorch's store retried,
+    and printed a C++ stack trace each time (61 lines in 5 s) before the one line."""
+    with socket.socket() as other:
+        other.bind(("localhost", 0))
+        other.listen(16)
+        port = other.getsockname()[1]
+
+        def answer():  # what a web server says to a request it does not understand
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = other.accept()
+                    with connection:
+                        connection.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        alone = _start(["train", "--output-dir", str(tmp_path / "run"), *FLAGS, "--cluster-timeout", "1"],
+                       _env(1, 2, port))
+        _, err = alone.communicate(timeout=120)
+    assert alone.returncode == 1, err[-3000:]
+    assert len(err.splitlines()) == 1 and f"what answers at localhost:{port} is not process 0's coordinator" in err, \
+        err[-3000:]
 
 
 def test_the_environment_describes_the_cluster_for_each_engine():

@@ -263,11 +263,14 @@ def quiet_backend_start(enabled: bool = True):
     a temporary file for the duration and what it caught is written back afterwards, less
     the start-up noise. Off with `-v`. A `TF_CPP_MIN_LOG_LEVEL` of the user's is applied to
     these lines (`0` shows them all, `1` hides the information lines, `2` and `3` all of
-    them); unset, it is `3`.
+    them); unset, it is `3`. PyTorch's C++ log (`TORCH_CPP_LOG_LEVEL`) is kept to its errors
+    unless the user set it: a process of a cluster whose coordinator address reaches another
+    program printed a C++ stack trace per retry of `torch.distributed`'s store.
     """
     if not enabled:
         yield
         return
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         level = int(os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3"))
     except ValueError:
