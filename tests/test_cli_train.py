@@ -396,6 +396,26 @@ sys.exit(status)
 """
 
 
+def test_an_error_line_is_one_write_so_that_processes_sharing_a_stderr_keep_it_whole(tmp_path, monkeypatch):
+    """Under PYTHONUNBUFFERED each write reaches the stream at once: with `print`'s two (the
+    text, then the newline) two processes of one `launch` wrote "...use at most --holdout
+    221.keras-transformer train: error: ..." on one line."""
+    writes = []
+
+    class Stream:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    assert cli.main(["translate", "--run-dir", str(tmp_path), "seven"]) == 2
+    assert len(writes) == 1 and writes[0].startswith("keras-transformer translate: error: ") and \
+        writes[0].endswith(".\n") and writes[0].count("\n") == 1, writes
+
+
 def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")

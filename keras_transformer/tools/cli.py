@@ -21,7 +21,7 @@ import warnings
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
 from keras_transformer.tools import commands
-from keras_transformer.tools.config import RunError
+from keras_transformer.tools.config import RunError, say
 from keras_transformer.tools.files import RunDirError
 
 
@@ -65,14 +65,14 @@ def parse(argv=None):
 
 def _print_error(args, error) -> None:
     """A mistake in the input: one `keras-transformer COMMAND: error: ...` line on stderr."""
-    print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
+    say(f"keras-transformer {args.command}: error: {error}")
 
 
 def _show_warning(command, show, message, category, filename, lineno, file=None, line=None) -> None:
     """A warning of keras-transformer's own as one `keras-transformer COMMAND: warning: ...`
     line; any other library's as Python shows it."""
     if category is UserWarning and f"{os.sep}keras_transformer{os.sep}" in filename:
-        print(f"keras-transformer {command}: warning: {message}", file=sys.stderr)
+        say(f"keras-transformer {command}: warning: {message}")
     else:
         show(message, category, filename, lineno, file, line)
 
@@ -148,7 +148,7 @@ def check_backend(command: str) -> None:
 
 def interrupted(args) -> int:
     """A Ctrl-C: one line, status 130 (128 + SIGINT), wherever the command was."""
-    print(f"keras-transformer {args.command}: interrupted", file=sys.stderr)
+    say(f"keras-transformer {args.command}: interrupted")
     return 130
 
 
@@ -185,21 +185,20 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         if isinstance(e, OSError) and e.errno is not None:
             # The system refused a read or write (a full disk, a file that went away): one line.
             paths = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
-            print(f"keras-transformer {args.command}: error: {e.strerror or e}{': ' + paths if paths else ''}",
-                  file=sys.stderr)
+            say(f"keras-transformer {args.command}: error: {e.strerror or e}{': ' + paths if paths else ''}")
             return 1
         from keras_transformer.backend.compile import out_of_memory  # Keras is loaded by now
 
         memory = out_of_memory(e)
         if memory:
-            print(f"keras-transformer {args.command}: error: out of memory ({memory}); "
-                  f"{_MEMORY_ADVICE.get(args.command, 'ask for less work at once')}", file=sys.stderr)
+            say(f"keras-transformer {args.command}: error: out of memory ({memory}); "
+                f"{_MEMORY_ADVICE.get(args.command, 'ask for less work at once')}")
             return 1
         import traceback  # a bug, not a mistake in the input: keep the traceback
 
         traceback.print_exc()
-        print(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
-              "it with the command line and the traceback above.", file=sys.stderr)
+        say(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
+            "it with the command line and the traceback above.")
         return 1
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError, host_and_port
+from keras_transformer.tools.config import say
 
 def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     """Start the backend's engine and wait for every process, at most `timeout` seconds.
@@ -220,7 +221,7 @@ def _resumable(reason: str) -> str:
 
 
 def _exit(cluster: Cluster, message: str, status: int) -> None:
-    print(_line(cluster, message), file=sys.stderr, flush=True)
+    say(_line(cluster, message))
     os._exit(status)
 
 

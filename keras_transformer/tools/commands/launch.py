@@ -18,7 +18,7 @@ import time
 
 from keras_transformer.tools.cluster import check_launch_port, free_port, launch_environment
 from keras_transformer.tools.commands.common import add_command, at_least
-from keras_transformer.tools.config import RunError
+from keras_transformer.tools.config import RunError, say
 
 # What a child runs: the installed command's entry point, with the arguments after `--`.
 _CHILD = "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main(sys.argv[1:]))"
@@ -107,8 +107,8 @@ def run(args) -> int:
             signal.signal(number, handler)
     if received:
         name = signal.Signals(received[0]).name
-        print(f"keras-transformer launch: {name}: passed on to the {len(children)} processes, which have ended; "
-              "the same launch resumes the run from its last epoch.", file=sys.stderr, flush=True)
+        say(f"keras-transformer launch: {name}: passed on to the {len(children)} processes, which have ended; "
+            "the same launch resumes the run from its last epoch.")
         return 128 + received[0]
     return status
 
@@ -135,7 +135,7 @@ def _wait(children, received=(), stop_after: float = STOP_OTHERS_AFTER) -> int:
             del pending[index]
             if code < 0 and -code not in received and index not in stopped:
                 name = signal.Signals(-code).name
-                print(f"keras-transformer launch: process {index} was killed by {name}", file=sys.stderr, flush=True)
+                say(f"keras-transformer launch: process {index} was killed by {name}")
             if code != 0 and not status:
                 status, failed_at = (1 if code < 0 else code), time.monotonic()
                 first = index
@@ -145,8 +145,8 @@ def _wait(children, received=(), stop_after: float = STOP_OTHERS_AFTER) -> int:
                 stopped.update(pending)
                 names = ", ".join(str(i) for i in sorted(pending))
                 which = f"process{'es' if len(pending) > 1 else ''} {names}"
-                print(f"keras-transformer launch: process {first} failed; stopping {which}, still running "
-                      f"{stop_after:g} s later.", file=sys.stderr, flush=True)
+                say(f"keras-transformer launch: process {first} failed; stopping {which}, still running "
+                    f"{stop_after:g} s later.")
                 for child in pending.values():
                     child.terminate()
             elif waited >= 2 * stop_after:

@@ -11,7 +11,7 @@ import sys
 from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
                                                       check_writable, decoding_flags, fit_verbosity, load_run,
                                                       quantize_flag, run_dir_flag)
-from keras_transformer.tools.config import RunError
+from keras_transformer.tools.config import RunError, say
 from keras_transformer.tools.files import run_model_file
 
 
@@ -70,8 +70,7 @@ def run(args) -> int:
     chunks, total = _input(args, chunk_size, interactive)
     if interactive:  # the model first, then the user types
         model, tokenizer = load_run(args)
-        print("keras-transformer translate: type a sentence and press Enter to translate it; Ctrl-D ends.",
-              file=sys.stderr, flush=True)
+        say("keras-transformer translate: type a sentence and press Enter to translate it; Ctrl-D ends.")
     else:  # a mistake at the start of the input is found before the model loads
         chunks = itertools.chain([next(chunks, [])], chunks)
         model, tokenizer = load_run(args)
