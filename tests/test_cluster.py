@@ -499,6 +499,19 @@ def test_a_lost_peer_anywhere_after_joining_is_one_line_and_status_1():
     assert result.returncode == 1 and result.stderr.strip().endswith("RuntimeError: shapes differ")
 
 
+def test_a_lost_peers_line_quotes_what_failed_not_tensorflows_heading():
+    from keras_transformer.tools import collectives
+
+    # The shape of what TensorFlow raised in process 1 when process 0 was killed mid-epoch; the
+    # line quoted "Graph execution error:", its first line.
+    error = RuntimeError("Graph execution error:\n\nDetected at node CollectiveGatherV2 defined at (most recent call "
+                         "last):\n  File \"train.py\", line 1, in <module>\n\n{{function_node __inference_<lambda>_104}}"
+                         " Collective ops is aborted by: Socket closed\n\t [[{{node CollectiveGatherV2}}]] "
+                         "[Op:__inference_<lambda>_104]")
+    assert collectives.lost(Cluster("tensorflow", 2, 1, "localhost:1"), error) == \
+        "process 0 stopped answering (Collective ops is aborted by: Socket closed)"
+
+
 @only_on("tensorflow", "backend-independent (tf.data under every backend)")
 def test_shards_of_an_epoch_are_the_training_split_once():
     """Over one pass, the rows each of 3 processes gets are every pair that fits, none twice,

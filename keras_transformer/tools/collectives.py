@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -258,8 +259,12 @@ def lost(cluster: Cluster, error: BaseException) -> str | None:
              "failed to connect", "UNAVAILABLE", "is unavailable")
     if not any(sign in text for sign in signs) and type(error).__name__ != "DistBackendError":
         return None
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return f"{cluster.others()} stopped answering ({first[:200]})"
+    # The line that says what failed: TensorFlow's starts "Graph execution error:", then the
+    # node's traceback, before it, and the line names its function (`{{function_node ...}}`).
+    lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    said = next((line for line in lines if any(sign in line for sign in signs)), lines[0] if lines else "")
+    return f"{cluster.others()} stopped answering ({said[:200] or type(error).__name__})"
 
 
 @contextlib.contextmanager
