@@ -144,6 +144,63 @@ def test_a_search_that_cannot_be_compiled_runs_eagerly_with_one_warning():
     np.testing.assert_array_equal(second, expected)
 
 
+class _NonzeroTransformer(kt.models.Transformer):
+    """A model whose step makes a tensor of data-dependent shape (always empty here)."""
+
+    def step(self, token_ids, cache, index):
+        logits, cache = super().step(token_ids, cache, index)
+        picked = keras.ops.nonzero(keras.ops.greater(logits, 1e30))[0]
+        return logits + keras.ops.cast(keras.ops.size(picked), logits.dtype), cache
+
+
+@torch_only
+def test_an_export_that_fails_on_a_data_dependent_shape_prints_no_graph(capsys):
+    """torch.export printed the partial graph of the failed export on stderr, twice (640 lines
+    for this 1-block model), before the one warning that gives the reason."""
+    model = _model(4, cls=_NonzeroTransformer)
+    expected = to_numpy(model.translate(SOURCE, 2, max_length=4, compile=False), "int32")
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # the second search of a shape exports
+            np.testing.assert_array_equal(to_numpy(model.translate(SOURCE, 2, max_length=4), "int32"), expected)
+    failed = [str(w.message) for w in caught if issubclass(w.category, CompileFailedWarning)]
+    assert len(failed) == 1 and "runs eagerly" in failed[0] and "data-dependent" in failed[0], failed
+    assert "def forward" not in capsys.readouterr().err
+
+
+@torch_only
+def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped(capsys):
+    import sys
+    import threading
+
+    from keras_transformer.backend.torch_decoding import _without_partial_graph
+
+    class Failed(Exception):
+        partial_fx_graph = "def forward(self): ..."
+
+    inside, written = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait()
+        sys.stderr.write("another thread's line\n")  # while the export runs
+        written.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with pytest.raises(Failed):
+        with _without_partial_graph():
+            sys.stderr.write("export's own warning\n")
+            inside.set()
+            written.wait(10)
+            assert capsys.readouterr().err == "another thread's line\n"  # not held
+            print(Failed.partial_fx_graph, file=sys.stderr)
+            raise Failed()
+    thread.join()
+    assert capsys.readouterr().err == "export's own warning\n"  # the graph dropped, the rest written
+    assert not type(sys.stderr).__name__ == "_Stderr"
+
+
 def test_running_out_of_memory_is_raised_and_the_search_stays_compiled():
     # A batch too large for the machine made the model's search eager for good (a server's
     # one large request, and every request after it ran eagerly), after running out again.
