@@ -91,7 +91,7 @@ def from_environment(backend: str, environ=None) -> Cluster:
         names = ("MASTER_ADDR:MASTER_PORT", "WORLD_SIZE", "RANK")
         address = f"{host}:{port}" if host and port else None
     elif backend == "tensorflow" and environ.get("TF_CONFIG"):
-        workers, count, index = _tf_config(environ["TF_CONFIG"])
+        workers, count, index = tf_config(environ["TF_CONFIG"])
         address = workers[0] if workers else None
         names = ("TF_CONFIG's cluster.worker[0]", "the number of TF_CONFIG's workers", "TF_CONFIG's task.index")
     else:
@@ -126,9 +126,10 @@ def _integer(value, name: str, minimum: int) -> int:
     return number
 
 
-def _tf_config(text: str):
-    """The coordinator, the count and the index of a TF_CONFIG that lists workers only
-    (`launch` writes one; MultiWorkerMirroredStrategy makes worker 0 the chief)."""
+def tf_config(text: str):
+    """The workers (`host:port`s, worker 0's the coordinator's), their count and this
+    process's index of a TF_CONFIG that lists workers only (`launch` writes one;
+    MultiWorkerMirroredStrategy makes worker 0 the chief), checked."""
     try:
         config = json.loads(text)
     except ValueError as e:

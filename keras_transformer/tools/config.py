@@ -25,15 +25,14 @@ class RunError(Exception):
     """A problem found before training starts; the CLI prints it and exits with status 2."""
 
 
-def say(line: str, stream=None) -> None:
-    """Write `line` and its newline in one write, flushed (to stderr by default).
+def say(line: str) -> None:
+    """Write `line` and its newline to stderr in one write, flushed.
 
     `print` writes the text and the newline apart, which under `PYTHONUNBUFFERED` (common in
     containers) are two writes: the lines of processes that share a stderr (`launch`'s)
     came out joined, one process's line run into the other's."""
-    stream = sys.stderr if stream is None else stream
-    stream.write(line + "\n")
-    stream.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def busy_error(output_dir) -> RunError:
