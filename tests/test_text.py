@@ -18,7 +18,7 @@ import pytest
 from keras_transformer.decoding import END_ID, PAD_ID, START_ID
 from keras_transformer.tools.text import Tokenizer, WordPieceTokenizer, corpora
 from keras_transformer.tools.text.datasets import bucket_lengths, make_dataset
-from tests.conftest import only_on
+from tests.conftest import only_on, run_in_threads
 
 pytestmark = only_on("tensorflow", "backend-independent (TensorFlow Text and tf.data under every backend)")
 
@@ -119,6 +119,27 @@ def test_save_and_load(kind, tmp_path):
         with pytest.raises(ValueError, match=message):
             tokenizer.save(path)
     assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tok"] and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_one_loaded_tokenizer_serves_several_threads(kind, tmp_path):
+    # A server loads a tokenizer once and calls it from its request threads; here four
+    # threads make the first (tracing) calls at once.
+    Tokenizer.build(UNICODE * 5, vocab_size=300, kind=kind, min_frequency=1).save(tmp_path / "tok")
+    shared, alone = Tokenizer.load(tmp_path / "tok"), Tokenizer.load(tmp_path / "tok")
+    texts = [text for text in UNICODE for _ in range(3)]
+    ids = alone.tokenize_dense(texts).numpy()
+    back = alone.detokenize_dense(ids)
+    results = []
+
+    def work(i):
+        mine, mine_ids, mine_back = texts[i:] + texts[:i], np.roll(ids, -i, axis=0), back[i:] + back[:i]
+        for _ in range(10):
+            got = shared.tokenize_dense(mine).numpy()
+            results.append((np.array_equal(got, mine_ids), shared.detokenize_dense(got) == mine_back))
+
+    assert run_in_threads(work) == [] and len(results) == 40
+    assert all(same_ids and same_text for same_ids, same_text in results), results
 
 
 def test_vocabularies_written_before_sentencepiece_still_load(tmp_path):
