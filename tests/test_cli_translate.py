@@ -468,6 +468,18 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert cli.main(["evaluate", "--run-dir", run, "--source-file", str(empty), "--target-file", str(empty)]) == 2
+    # A file that cannot be read is named before the model loads (it was, seconds later).
+    from keras_transformer.tools.commands import evaluate
+
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.setattr(evaluate, "load_run", lambda args: pytest.fail("the model was loaded"))
+        missing = tmp_path / "missing.txt"
+        for source, target, says in ((missing, empty, f"--source-file: File not found: {missing}."),
+                                     (empty, tmp_path, f"--target-file: {tmp_path} is a directory, not a file.")):
+            argv = ["evaluate", "--run-dir", run, "--source-file", str(source), "--target-file", str(target)]
+            assert cli.main(argv) == 2
+            assert capsys.readouterr().err == f"keras-transformer evaluate: error: {says}\n"
     a_file = tmp_path / "a_file"
     a_file.write_text("mine")
     assert cli.main(["export", "--run-dir", run, "--output", str(a_file)]) == 2

@@ -636,10 +636,18 @@ def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     assert len(errors) == 1 and "other holds a run with a different config (steps: saved 40, now" in errors[0], errors
 
 
-def test_launch_checks_trains_flags_once_before_starting_a_process(monkeypatch, capsys):
+def test_launch_checks_trains_flags_once_before_starting_a_process(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
     assert cli.main(["launch", "--processes", "2", "--", "train", "--steps", "0"]) == 2
     assert capsys.readouterr().err == "keras-transformer launch: error: --steps must be >= 1; got 0.\n"
+    # A corpus file that cannot be read: said once, here, not by each process once it has loaded a backend.
+    missing = tmp_path / "missing.tsv"
+    assert cli.main(["launch", "--processes", "2", "--", "train", "--tsv", str(missing)]) == 2
+    assert capsys.readouterr().err == f"keras-transformer launch: error: --tsv: File not found: {missing}.\n"
+    assert cli.main(["launch", "--processes", "2", "--", "train", "--source-file", str(tmp_path),
+                     "--target-file", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"keras-transformer launch: error: --source-file: {tmp_path} is a directory, "
+                                       f"not a file; --target-file: File not found: {missing}.\n")
     with pytest.raises(SystemExit) as exit_:  # argparse's own message for a flag train lacks
         cli.main(["launch", "--processes", "2", "--", "train", "--processes", "2"])
     assert exit_.value.code == 2

@@ -10,6 +10,7 @@ import sys
 from typing import Callable
 
 from keras_transformer.defaults import PRESETS, VALIDATION_BEAM_SIZE
+from keras_transformer.tools.files import input_problem
 
 MIXED_PRECISION = ("bfloat16", "float16")
 # The range of each real-valued setting: (as `--help` and the errors say it, test).
@@ -72,6 +73,13 @@ def _corpora():
     return corpora
 
 
+def _unreadable(**paths) -> list:
+    """A problem for each corpus file that cannot be read (missing, a directory, a pipe),
+    by flag, found before a backend loads: under `launch`, said once, by the launcher."""
+    problems = {name: input_problem(path) for name, path in paths.items()}
+    return [f"--{_flag(name)}: {problem}" for name, problem in problems.items() if problem]
+
+
 def _check_numbers(config) -> list:
     if 100 <= config.train_size <= 998_000:
         return []
@@ -87,13 +95,14 @@ CORPORA = {kind.name: kind for kind in (
                reads=("train_size",)),
     CorpusKind("files", "two aligned files, --source-file and --target-file",
                lambda c: _corpora().corpus_from_files(c.source_file, c.target_file, holdout=c.holdout, seed=c.seed),
-               lambda c: [] if c.source_file and c.target_file else
-               ["--source-file and --target-file must be given together"],
+               lambda c: (_unreadable(source_file=c.source_file, target_file=c.target_file)
+                          if c.source_file and c.target_file else
+                          ["--source-file and --target-file must be given together"]),
                implied_by=("source_file", "target_file"), reads=("holdout",)),
     CorpusKind("tsv", "one tab-separated file of pairs, --tsv",
                lambda c: _corpora().corpus_from_files(tsv=c.tsv, holdout=c.holdout, seed=c.seed),
-               lambda c: [] if c.tsv else ["--corpus tsv needs --tsv FILE"], implied_by=("tsv",),
-               reads=("holdout",)),
+               lambda c: _unreadable(tsv=c.tsv) if c.tsv else ["--corpus tsv needs --tsv FILE"],
+               implied_by=("tsv",), reads=("holdout",)),
 )}
 
 

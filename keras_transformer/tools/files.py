@@ -33,6 +33,28 @@ class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
 
+def input_problem(path, streams: bool = False) -> str | None:
+    """What keeps `path` from being read as an input file, in one sentence, or `None`.
+
+    Without `streams`, a regular file only: a training corpus is read by every process of
+    a run and again when a run resumes, which a pipe cannot give twice. With `streams`, a
+    pipe or a device too (read once). Checked before a backend loads, and again by the
+    reader."""
+    path = pathlib.Path(path)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return f"File not found: {path}"
+    except OSError as e:  # a name past 255 bytes, a loop of links
+        return f"{path}: {e.strerror or e}"
+    if path.is_dir():
+        return f"{path} is a directory, not a file"
+    if not streams and not path.is_file():
+        return (f"Not a regular file: {path} (a corpus is read again by every process of a run and when a run "
+                "resumes; write it to a file)")
+    return None
+
+
 def kind_of_tokenizer(settings: dict) -> str:
     """The tokenizer kind a `tokenizer.json` names: "wordpiece" for the files written
     before SentencePiece existed, which hold no kind."""

@@ -9,7 +9,7 @@ from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command,
                                                       check_writable, decoding_flags, load_run, quantize_flag,
                                                       run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
-from keras_transformer.tools.files import run_model_file
+from keras_transformer.tools.files import input_problem, run_model_file
 
 
 def add_parser(sub) -> None:
@@ -38,6 +38,10 @@ def check(args) -> dict:
     if args.source_file and args.split:
         raise RunError(f"--split {args.split} picks the run's own held-out pairs; --source-file and --target-file "
                        "give others: give one or the other.")
+    for flag, path in (("--source-file", args.source_file), ("--target-file", args.target_file)):
+        problem = path and input_problem(path, streams=True)  # before the model loads
+        if problem:
+            raise RunError(f"{flag}: {problem}.")
     split = args.split or "test"
     hypotheses = pathlib.Path(args.hypotheses or os.path.join(
         args.run_dir, f"hypotheses.{'files' if args.source_file else split}.txt"))

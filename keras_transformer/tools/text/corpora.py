@@ -26,6 +26,8 @@ from typing import Iterator
 
 import numpy as np
 
+from keras_transformer.tools import files
+
 Pair = tuple[str, str]
 
 
@@ -194,19 +196,10 @@ def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
     """The file's bytes, gunzipped for `.gz`; every read problem as a `CorpusError`.
 
     With `streams`, also a pipe or a device read once to its end (`/dev/null`, a shell's
-    `<(command)`); without, a regular file only: a training corpus is read by every
-    process of a run and again when a run resumes, which a pipe cannot give twice."""
-    try:
-        path.stat()
-    except FileNotFoundError:
-        raise CorpusError(f"File not found: {path}") from None
-    except OSError as e:  # a name past 255 bytes, a loop of links
-        raise CorpusError(f"{path}: {e.strerror or e}") from None
-    if path.is_dir():
-        raise CorpusError(f"{path} is a directory, not a file")
-    if not streams and not path.is_file():
-        raise CorpusError(f"Not a regular file: {path} (a corpus is read again by every process of a run and "
-                          "when a run resumes; write it to a file)")
+    `<(command)`); without, a regular file only (`files.input_problem`)."""
+    problem = files.input_problem(path, streams)
+    if problem:
+        raise CorpusError(problem)
     try:
         if path.is_file():
             data = path.read_bytes()
