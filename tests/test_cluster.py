@@ -608,6 +608,49 @@ def test_after_a_failure_launch_stops_the_processes_still_running(capsys):
     assert launch._wait(children, stop_after=5.0) == 1 and capsys.readouterr().err == ""
 
 
+LAUNCHER_KILLED = """
+import os, subprocess, sys, time
+variable, code, seconds, *argv = sys.argv[1:]
+child = subprocess.Popen([sys.executable, "-c", code, *argv], process_group=0, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env={**os.environ, variable: str(os.getpid())})
+print(child.pid, flush=True)
+time.sleep(float(seconds))
+os.kill(os.getpid(), 9)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (an orphan that ended may stay a zombie until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@only_on("torch", "launch's own code, the same on every backend")
+def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):
+    from keras_transformer.tools.commands.launch import LAUNCHER
+
+    # `kill -9` of launch cannot be passed on, and each process is in a group of its own:
+    # they went on training with nobody waiting for them. Killed while its process loads
+    # a backend, and before that process has started.
+    for seconds in (1.5, 0.0):
+        argv = ["train", "--output-dir", str(tmp_path / f"run{seconds}"), "--steps", "100000", "--quiet"]
+        launcher = subprocess.run([sys.executable, "-c", LAUNCHER_KILLED, LAUNCHER, CHILD, str(seconds), *argv],
+                                  capture_output=True, text=True, timeout=60)
+        assert launcher.returncode == -signal.SIGKILL, launcher.stderr[-2000:]
+        pid = int(launcher.stdout.split()[0])
+        try:
+            deadline = time.monotonic() + 20
+            while _running(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _running(pid), f"the process outlived launch by 20 s (killed {seconds} s after it started)"
+        finally:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
     from tests.test_cli_train import LAUNCHER
 

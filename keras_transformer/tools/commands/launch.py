@@ -22,6 +22,28 @@ from keras_transformer.tools.config import RunError, say
 
 # What a child runs: the installed command's entry point, with the arguments after `--`.
 _CHILD = "import sys, keras_transformer_cli; sys.exit(keras_transformer_cli.main(sys.argv[1:]))"
+# The variable that gives each process launch's own process id (see `end_with_launcher`).
+LAUNCHER = "KERAS_TRANSFORMER_LAUNCHER"
+
+
+def end_with_launcher(environ=None) -> None:
+    """In a process `launch` started (its id in `LAUNCHER`): have this process get SIGTERM
+    when `launch` ends, however it ends. A SIGKILL of `launch` cannot be passed on, and
+    each process runs in a group of its own, so without this they would go on training
+    with nobody waiting for them (the run resumes from its last epoch, as after any
+    stop). Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`); elsewhere nothing.
+    `train` asks for it before it loads a backend."""
+    import ctypes
+    import ctypes.util
+
+    launcher = (os.environ if environ is None else environ).get(LAUNCHER)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+        return
+    if str(os.getppid()) != launcher:  # `launch` ended before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def add_parser(sub) -> None:
@@ -80,7 +102,8 @@ def run(args) -> int:
     signal that stops the run reaches `launch` alone (a Ctrl-C reaches the terminal's
     foreground group, and `kill` one process), so `launch` passes each one on once to
     each process (a Ctrl-C stops `train` cleanly, as in one process) and exits 128 + the
-    first signal's number once they have ended: no process is left training on its own."""
+    first signal's number once they have ended: no process is left training on its own
+    (nor after a SIGKILL of `launch`: see `end_with_launcher`)."""
     port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
     children, received, passed = [], [], {}  # passed: how many of the signals each process got
 
@@ -96,7 +119,8 @@ def run(args) -> int:
         for index in range(args.processes):
             if received:
                 break
-            env = {**os.environ, **launch_environment(args.backend, args.processes, index, port)}
+            env = {**os.environ, **launch_environment(args.backend, args.processes, index, port),
+                   LAUNCHER: str(os.getpid())}
             children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0))
             if passed.get(children[-1].pid, 0) < len(received):  # a signal came while it started
                 passed[children[-1].pid] = len(received)

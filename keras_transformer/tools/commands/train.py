@@ -8,6 +8,7 @@ import pathlib
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer
+from keras_transformer.tools.commands.launch import end_with_launcher
 from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import lock_held
 
@@ -66,6 +67,7 @@ def _add_setting_flag(group, field) -> None:
 def check(args) -> dict:
     """The run's settings, checked (`RunError` names each wrong flag): its `TrainConfig`
     (`config`) and this process's place among the run's processes (`cluster`)."""
+    end_with_launcher()  # in a process `launch` started: it ends with `launch`
     config = settings(args)
     # A process of a multi-process run: its settings, from its launcher's variables.
     cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
