@@ -50,9 +50,20 @@ def corpus_file(tmp_path_factory):
     return path
 
 
-def _env(process_id: int, num_processes: int, port: int) -> dict:
-    return {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "3",
-            **cluster.launch_environment(BACKEND, num_processes, process_id, port)}
+def _env(process_id: int, num_processes: int, port: int, chief_job: bool = False) -> dict:
+    environ = cluster.launch_environment(BACKEND, num_processes, process_id, port)
+    if chief_job and BACKEND == "tensorflow":
+        environ["TF_CONFIG"] = json.dumps(_with_a_chief_job(json.loads(environ["TF_CONFIG"])))
+    return {**os.environ, "KERAS_BACKEND": BACKEND, "TF_CPP_MIN_LOG_LEVEL": "3", **environ}
+
+
+def _with_a_chief_job(config: dict) -> dict:
+    """The same processes as TF_CONFIG writes them with a `chief` job (as Vertex AI does):
+    worker 0 becomes the chief's one task, worker i worker i - 1."""
+    first, *rest = config["cluster"]["worker"]
+    index = config["task"]["index"]
+    task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker", "index": index - 1}
+    return {"cluster": {"chief": [first], "worker": rest}, "task": task}
 
 
 def _start(argv, env=None) -> subprocess.Popen:
@@ -77,11 +88,13 @@ def _weights(run) -> dict:
 def test_two_processes_train_like_one_and_a_killed_one_stops_the_other_and_the_launch_resumes(tmp_path):
     """Two processes started by hand; one is killed once an epoch's state is written: the other
     stops within 60 s with one line, and the same command under `launch` resumes the run and
-    ends where one process trained on the same global batches ends."""
+    ends where one process trained on the same global batches ends. (On TensorFlow the two
+    started by hand have TF_CONFIG's `chief` job, `launch` writes workers only: the same
+    processes, in the same order.)"""
     steps = ["--steps", "4", "--steps-per-epoch", "1"]
     run, port = tmp_path / "two", cluster.free_port()
     argv = ["train", "--output-dir", str(run), *FLAGS, *steps]
-    chief, worker = (_start(argv, _env(i, 2, port)) for i in (0, 1))
+    chief, worker = (_start(argv, _env(i, 2, port, chief_job=True)) for i in (0, 1))
     deadline = time.time() + 300
     while not (run / "state" / "state.npz").exists():  # an epoch has ended
         assert time.time() < deadline and chief.poll() is None, chief.communicate()[1][-3000:]
@@ -343,14 +356,19 @@ def test_bad_cluster_settings_are_one_sentence_each(backend):
 @pytest.mark.parametrize("config, message", [
     ({"cluster": {"worker": [1234, 1235]}}, "cluster.worker must be a list of \"host:port\" strings"),
     ({"cluster": {"worker": "localhost:1234"}}, "cluster.worker must be a list of \"host:port\" strings"),
-    ({"cluster": {"worker": ["localhost:1234"], "chief": ["localhost:1235"]}}, "under \"worker\" only .* \\['chief'\\]"),
+    ({"cluster": {"worker": ["localhost:1234"], "ps": ["localhost:1235"]}},
+     "under \"worker\" \\(and one under \"chief\", .* trains with no other job; got \\['ps'\\]"),
+    ({"cluster": {"chief": ["localhost:1234", "localhost:1235"]}}, "cluster.chief must list one process; got 2"),
     ({"cluster": {"worker": ["localhost:1234", "localhost:1234"]}}, "lists localhost:1234 more than once"),
+    ({"cluster": {"chief": ["localhost:1234"], "worker": ["localhost:1234"]}}, "lists localhost:1234 more than once"),
+    ({"task": {"type": "chief", "index": 0}}, "task.type must be 'worker'; got 'chief'"),
+    ({"task": {"type": "evaluator", "index": 0}}, "task.type must be 'worker'; got 'evaluator'"),
     ({"task": {"type": "worker", "index": True}}, "task.index must be an integer >= 0; got True"),
     ({"task": {"type": "worker", "index": 1.5}}, "task.index must be an integer >= 0; got 1.5"),
     ({"task": {"type": "worker"}}, "task.index must be an integer >= 0; got None"),
     ({"task": [0]}, "needs a \"cluster\" and a \"task\" object"),
 ])
-def test_a_tf_config_that_is_not_a_list_of_workers_is_named(config, message):
+def test_a_tf_config_that_is_not_workers_and_a_chief_is_named(config, message):
     good = json.loads(cluster.launch_environment("tensorflow", 2, 1, 29500)["TF_CONFIG"])
     with pytest.raises(ClusterError, match=message):
         cluster.from_environment("tensorflow", {"TF_CONFIG": json.dumps({**good, **config})})
@@ -398,6 +416,40 @@ def test_the_port_of_a_run_that_just_ended_is_taken_again():
     for backend in ("jax", "torch"):
         assert cluster.from_environment(backend, cluster.launch_environment(backend, 2, 0, port)).chief
     cluster.check_launch_port("jax", 2, port)
+
+
+def test_a_tf_config_with_a_chief_job_numbers_its_chief_first():
+    # Vertex AI and TensorFlow's own multi-worker guides write a `chief` job; it was refused.
+    for index in range(3):
+        workers_only = cluster.launch_environment("tensorflow", 3, index, 29500)
+        with_chief = {"TF_CONFIG": json.dumps(_with_a_chief_job(json.loads(workers_only["TF_CONFIG"])))}
+        expected = cluster.from_environment("tensorflow", workers_only)
+        assert cluster.from_environment("tensorflow", with_chief) == expected
+    chief, workers = ["localhost:29500"], ["localhost:29501", "localhost:29502"]
+
+    def environ(kind, index, **jobs):
+        return {"TF_CONFIG": json.dumps({"cluster": {"chief": chief, "worker": workers, **jobs},
+                                         "task": {"type": kind, "index": index}})}
+
+    assert not cluster.from_environment("tensorflow", environ("chief", 0, worker=[])).distributed  # one process
+    for kind, index, message in (("chief", 1, "cluster.chief lists 1 process (index 0)"),
+                                 ("worker", 2, "cluster.worker lists 2 processes (numbered 0 to 1)")):
+        out_of_range = f"TF_CONFIG's task.index={index} is out of range: {message}."
+        with pytest.raises(ClusterError, match=re.escape(out_of_range)):
+            cluster.from_environment("tensorflow", environ(kind, index))
+    no_port = {"TF_CONFIG": json.dumps({"cluster": {"chief": ["localhost"], "worker": workers},
+                                        "task": {"type": "worker", "index": 0}})}
+    with pytest.raises(ClusterError, match=re.escape("TF_CONFIG's cluster.chief[0] must be the coordinator's")):
+        cluster.from_environment("tensorflow", no_port)
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ClusterError, match=re.escape(
+                f"this process's port localhost:{port} (TF_CONFIG's cluster.worker[0]) cannot be used: Address "
+                "already in use. Another process was given the same task.index (0), or another program uses the "
+                "port.")):
+            cluster.from_environment("tensorflow", environ("worker", 0, worker=[f"localhost:{port}"]))
 
 
 def test_each_tensorflow_worker_is_a_host_and_port_and_its_own_is_free():

@@ -91,9 +91,9 @@ def from_environment(backend: str, environ=None) -> Cluster:
         names = ("MASTER_ADDR:MASTER_PORT", "WORLD_SIZE", "RANK")
         address = f"{host}:{port}" if host and port else None
     elif backend == "tensorflow" and environ.get("TF_CONFIG"):
-        workers, count, index = tf_config(environ["TF_CONFIG"])
-        address = workers[0] if workers else None
-        names = ("TF_CONFIG's cluster.worker[0]", "the number of TF_CONFIG's workers", "TF_CONFIG's task.index")
+        config = tf_config(environ["TF_CONFIG"])
+        address, count, index = config.addresses[0], len(config.addresses), config.process_id
+        names = (config.names[0], "the number of TF_CONFIG's processes", "this process's place in TF_CONFIG")
     else:
         return Cluster(backend)
     count = _integer(count, names[1], minimum=1)
@@ -106,7 +106,7 @@ def from_environment(backend: str, environ=None) -> Cluster:
         # Under torchrun its agent, not process 0, already listens on MASTER_PORT.
         _check_address(address, names[0], listen=cluster.chief and "TORCHELASTIC_RUN_ID" not in environ)
         if backend == "tensorflow":
-            _check_tf_workers(workers, index)
+            _check_tf_processes(config)
     return cluster
 
 
@@ -126,10 +126,29 @@ def _integer(value, name: str, minimum: int) -> int:
     return number
 
 
-def tf_config(text: str):
-    """The workers (`host:port`s, worker 0's the coordinator's), their count and this
-    process's index of a TF_CONFIG that lists workers only (`launch` writes one;
-    MultiWorkerMirroredStrategy makes worker 0 the chief), checked."""
+@dataclasses.dataclass(frozen=True)
+class TFConfig:
+    """A TF_CONFIG's processes, in the order MultiWorkerMirroredStrategy numbers them: the
+    `chief` job's one task first if there is one (as on Vertex AI), then the `worker` job's
+    tasks; without a `chief` job (as `launch` writes it, and TensorFlow's tutorials), worker
+    0 is the chief.
+
+    Attributes:
+        addresses: Each process's `host:port`; the first is the coordinator's.
+        names: Where each address is in TF_CONFIG (`"TF_CONFIG's cluster.worker[1]"`).
+        process_id: This process's place among them.
+        task: This process's task in TF_CONFIG's words (`"task.index (1)"`).
+    """
+
+    addresses: list
+    names: list
+    process_id: int
+    task: str
+
+
+def tf_config(text: str) -> TFConfig:
+    """The processes of a TF_CONFIG that lists a `worker` job, and maybe a `chief` job of
+    one task (the jobs MultiWorkerMirroredStrategy trains with), checked."""
     try:
         config = json.loads(text)
     except ValueError as e:
@@ -138,31 +157,53 @@ def tf_config(text: str):
     if not isinstance(cluster, dict) or not isinstance(task, dict):
         raise ClusterError("TF_CONFIG is not a cluster description: it needs a \"cluster\" and a \"task\" object, "
                            'as in {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.')
-    if set(cluster) != {"worker"}:
-        others = sorted(set(cluster) - {"worker"})
-        raise ClusterError(f"TF_CONFIG's cluster must list its processes under \"worker\" only (worker 0 is the "
-                           f"chief); got {others or 'no workers'}.")
-    workers = cluster["worker"]
-    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
-        raise ClusterError(f"TF_CONFIG's cluster.worker must be a list of \"host:port\" strings; got {workers!r}.")
-    repeated = sorted({w for w in workers if workers.count(w) > 1})
+    others = sorted(set(cluster) - {"chief", "worker"})
+    if others or not cluster:
+        raise ClusterError(f"TF_CONFIG's cluster must list its processes under \"worker\" (and one under \"chief\", "
+                           f"or worker 0 is the chief): MultiWorkerMirroredStrategy trains with no other job; got "
+                           f"{others or 'no jobs'}.")
+    jobs = {}
+    for job in ("chief", "worker"):
+        tasks = cluster.get(job, [])
+        if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+            raise ClusterError(f"TF_CONFIG's cluster.{job} must be a list of \"host:port\" strings; got {tasks!r}.")
+        jobs[job] = tasks
+    if len(jobs["chief"]) > 1:
+        raise ClusterError(f"TF_CONFIG's cluster.chief must list one process; got {len(jobs['chief'])}.")
+    addresses = jobs["chief"] + jobs["worker"]
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
     if repeated:
-        raise ClusterError(f"TF_CONFIG's cluster.worker lists {repeated[0]} more than once: each worker listens "
-                           "on its own host:port.")
-    if task.get("type", "worker") != "worker":
-        raise ClusterError(f"TF_CONFIG's task.type must be 'worker'; got {task['type']!r}.")
-    return workers, len(workers), task.get("index")
+        raise ClusterError(f"TF_CONFIG's cluster lists {repeated[0]} more than once: each process listens on its "
+                           "own host:port.")
+    kind = task.get("type", "worker")
+    if kind not in ("chief", "worker") or not jobs[kind]:
+        jobs_given = " or ".join(repr(job) for job in ("chief", "worker") if jobs[job])
+        raise ClusterError(f"TF_CONFIG's task.type must be {jobs_given or repr('worker')}; got {kind!r}.")
+    index = _integer(task.get("index"), "TF_CONFIG's task.index", minimum=0)
+    if index >= len(jobs[kind]):
+        count = len(jobs[kind])
+        numbered = "index 0" if count == 1 else f"numbered 0 to {count - 1}"
+        raise ClusterError(f"TF_CONFIG's task.index={index} is out of range: cluster.{kind} lists {count} "
+                           f"process{'es' if count > 1 else ''} ({numbered}).")
+    names = [f"TF_CONFIG's cluster.{job}[{i}]" for job in ("chief", "worker") for i in range(len(jobs[job]))]
+    process_id = index if kind == "chief" else len(jobs["chief"]) + index
+    return TFConfig(addresses, names, process_id, f"task.index ({index})" if kind == "worker" else "chief task")
 
 
-def _check_tf_workers(workers: list, index: int) -> None:
-    """Every worker of TF_CONFIG is a `host:port`, and this process's own (it listens there:
+def tf_task_taken(config: TFConfig) -> str:
+    """Why this process's own TF_CONFIG port can be taken (TensorFlow listens there), a clause."""
+    return f"another process was given the same {config.task}, or another program uses the port"
+
+
+def _check_tf_processes(config: TFConfig) -> None:
+    """Every address of TF_CONFIG is a `host:port`, and this process's own (it listens there:
     TensorFlow's gRPC server) resolves and, on this machine, is free."""
-    for i, worker in enumerate(workers):
-        _check_form(worker, f"TF_CONFIG's cluster.worker[{i}]", "a host:port")
-    if index:  # worker 0's is the coordinator's, already checked
-        _check_address(workers[index], f"TF_CONFIG's cluster.worker[{index}]", listen=True, whose="this process's",
-                       taken=f"Another process was given the same task.index ({index}), or another program uses "
-                             "the port.")
+    for address, name in zip(config.addresses, config.names):
+        _check_form(address, name, "a host:port")
+    if config.process_id:  # process 0's is the coordinator's, already checked
+        why = tf_task_taken(config)
+        _check_address(config.addresses[config.process_id], config.names[config.process_id], listen=True,
+                       whose="this process's", taken=f"{why[:1].upper()}{why[1:]}.")
 
 
 def _check_address(address: str | None, name: str, listen: bool, whose: str = "the coordinator's",

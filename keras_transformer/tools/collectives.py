@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 
-from keras_transformer.tools.cluster import JOIN_TIMEOUT, Cluster, ClusterError, host_and_port, tf_config
+from keras_transformer.tools.cluster import (JOIN_TIMEOUT, Cluster, ClusterError, host_and_port, tf_config,
+                                             tf_task_taken)
 from keras_transformer.tools.config import say
 
 def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
@@ -89,10 +90,9 @@ def _join_tensorflow(cluster: Cluster, timeout: float) -> None:
                 raise
             # Another process holds this one's port: the same task.index given twice, or
             # another program there (the chief's port is checked before the backend loads).
-            own = tf_config(os.environ["TF_CONFIG"])[0][cluster.process_id]
-            _exit(cluster, f"TensorFlow could not listen at {own}, this process's address in TF_CONFIG: another "
-                           f"process was given the same task.index ({cluster.process_id}), or another program "
-                           f"uses the port", 2)
+            config = tf_config(os.environ["TF_CONFIG"])
+            _exit(cluster, f"TensorFlow could not listen at {config.addresses[cluster.process_id]}, this process's "
+                           f"address in TF_CONFIG: {tf_task_taken(config)}", 2)
         try:
             barrier(cluster, "joined")  # the strategy's first collective waits for every worker
         except tf.errors.OpError as e:
