@@ -441,15 +441,8 @@ def test_a_tf_config_with_a_chief_job_numbers_its_chief_first():
                                         "task": {"type": "worker", "index": 0}})}
     with pytest.raises(ClusterError, match=re.escape("TF_CONFIG's cluster.chief[0] must be the coordinator's")):
         cluster.from_environment("tensorflow", no_port)
-    with socket.socket() as taken:
-        taken.bind(("localhost", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(ClusterError, match=re.escape(
-                f"this process's port localhost:{port} (TF_CONFIG's cluster.worker[0]) cannot be used: Address "
-                "already in use. Another process was given the same task.index (0), or another program uses the "
-                "port.")):
-            cluster.from_environment("tensorflow", environ("worker", 0, worker=[f"localhost:{port}"]))
+    with _listening_port() as port, pytest.raises(ClusterError, match=_own_port_taken(port, "cluster.worker[0]", 0)):
+        cluster.from_environment("tensorflow", environ("worker", 0, worker=[f"localhost:{port}"]))
 
 
 def test_each_tensorflow_worker_is_a_host_and_port_and_its_own_is_free():
@@ -467,16 +460,22 @@ def test_each_tensorflow_worker_is_a_host_and_port_and_its_own_is_free():
                                                              "no-such-host.invalid:29502"], 1)).process_id == 1
     with pytest.raises(ClusterError, match=r"cluster.worker\[2\] must be a host:port; got 'localhost:0'"):
         cluster.from_environment("tensorflow", tf_config(["localhost:29500", "localhost:29501", "localhost:0"], 1))
+    with _listening_port() as port, pytest.raises(ClusterError, match=_own_port_taken(port, "cluster.worker[1]", 1)):
+        cluster.from_environment("tensorflow", tf_config([f"localhost:{cluster.free_port()}", f"localhost:{port}"], 1))
+
+
+@contextlib.contextmanager
+def _listening_port():
+    """A port on localhost that a socket listens on, for as long as the block runs."""
     with socket.socket() as taken:
         taken.bind(("localhost", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(ClusterError, match=re.escape(
-                f"this process's port localhost:{port} (TF_CONFIG's cluster.worker[1]) cannot be used: Address "
-                "already in use. Another process was given the same task.index (1), or another program uses the "
-                "port.")):
-            cluster.from_environment("tensorflow", tf_config([f"localhost:{cluster.free_port()}", f"localhost:{port}"],
-                                                             1))
+        yield taken.getsockname()[1]
+
+
+def _own_port_taken(port: int, name: str, index: int) -> str:
+    return re.escape(f"this process's port localhost:{port} (TF_CONFIG's {name}) cannot be used: Address already in "
+                     f"use. Another process was given the same task.index ({index}), or another program uses the port.")
 
 
 def test_an_ipv6_coordinator_is_written_in_brackets_and_a_rank_alone_is_not_one_process():
