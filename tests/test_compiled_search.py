@@ -4,6 +4,7 @@ programs exported with `torch.export`): the same tokens as the eager search
 eagerly with one warning when compiling fails. On PyTorch, `jit_compile=True` trains
 eagerly with one warning (Keras' `torch.compile` path is slower than eager here)."""
 
+import contextlib
 import warnings
 
 import keras
@@ -169,12 +170,50 @@ def test_an_export_that_fails_on_a_data_dependent_shape_prints_no_graph(capsys):
     assert "def forward" not in capsys.readouterr().err
 
 
+class _NoisyTransformer(kt.models.Transformer):
+    """A model whose step draws random numbers (zero noise here): the draw reads the seed
+    generator's state as a Python number, which an export cannot."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.noise = keras.random.SeedGenerator(1)
+
+    def step(self, token_ids, cache, index):
+        logits, cache = super().step(token_ids, cache, index)
+        return logits + 0.0 * keras.random.normal(keras.ops.shape(logits), seed=self.noise), cache
+
+
+@torch_only
+def test_a_step_that_draws_random_numbers_runs_eagerly_with_only_its_warning(capfd):
+    """PyTorch's symbolic-shapes logger also wrote `W... Unable to find user code corresponding
+    to {u0}` on stderr (through a handler of its own), a line beside the one warning."""
+    import logging
+
+    model = _model(4, cls=_NoisyTransformer)
+    expected = to_numpy(model.translate(SOURCE, 2, max_length=4, compile=False), "int32")
+    logged = logging.Handler()
+    logged.emit = lambda record: records.append(record.getMessage())
+    records, torch_logger = [], logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    torch_logger.addHandler(logged)  # beside PyTorch's own handler, which writes to stderr
+    capfd.readouterr()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CompileFailedWarning)
+            for _ in range(2):  # the second search of a shape exports
+                np.testing.assert_array_equal(to_numpy(model.translate(SOURCE, 2, max_length=4), "int32"), expected)
+    finally:
+        torch_logger.removeHandler(logged)
+    failed = [str(w.message) for w in caught if issubclass(w.category, CompileFailedWarning)]
+    assert len(failed) == 1 and "runs eagerly" in failed[0], failed
+    assert records == [] and capfd.readouterr().err == "", records
+
+
 @torch_only
 def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped(capsys):
     import sys
     import threading
 
-    from keras_transformer.backend.torch_decoding import _without_partial_graph
+    from keras_transformer.backend.export_output import without_failure_dumps
 
     class Failed(Exception):
         partial_fx_graph = "def forward(self): ..."
@@ -189,7 +228,7 @@ def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped
     thread = threading.Thread(target=other)
     thread.start()
     with pytest.raises(Failed):
-        with _without_partial_graph():
+        with without_failure_dumps():
             sys.stderr.write("export's own warning\n")
             inside.set()
             written.wait(10)
@@ -199,6 +238,34 @@ def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped
     thread.join()
     assert capsys.readouterr().err == "export's own warning\n"  # the graph dropped, the rest written
     assert not type(sys.stderr).__name__ == "_Stderr"
+
+
+@torch_only
+def test_only_the_exporting_threads_shape_records_are_held_and_dropped_if_it_fails():
+    import logging
+    import threading
+
+    from keras_transformer.backend.export_output import without_failure_dumps
+
+    logger, records = logging.getLogger("torch.fx.experimental.symbolic_shapes"), []
+    logged = logging.Handler()
+    logged.emit = lambda record: records.append(record.getMessage())
+    logger.addHandler(logged)
+    try:
+        for fails in (False, True):
+            records.clear()
+            with contextlib.suppress(RuntimeError), without_failure_dumps():
+                logger.warning("about u0")
+                thread = threading.Thread(target=logger.warning, args=("another thread's",))
+                thread.start()
+                thread.join()
+                assert records == ["another thread's"]  # not held
+                if fails:
+                    raise RuntimeError("could not guard on u0")
+            assert records == ["another thread's"] + ([] if fails else ["about u0"])
+    finally:
+        logger.removeHandler(logged)
+    assert logger.filters == []
 
 
 def test_running_out_of_memory_is_raised_and_the_search_stays_compiled():

@@ -8,6 +8,8 @@
   moment as arguments.
 * `torch_graph`: the passes that clean the exported graphs before they are replayed
   (public `torch.fx` operations).
+* `export_output`: what `torch.export` prints while it exports, held back per thread and
+  written afterwards, less the dumps of a failed export (the search warns once instead).
 
 Small workarounds of an engine's bug live in `keras_transformer._compat`, each with the
 upstream issue it works around. Layers and models never test the backend themselves.

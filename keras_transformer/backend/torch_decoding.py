@@ -59,14 +59,13 @@ On a GPU, the same tokens in every mode, but a step of a small model is launch-b
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import sys
 import threading
 import warnings
 
 import keras
 
+from keras_transformer.backend.export_output import without_failure_dumps
 from keras_transformer.backend.torch_graph import (
     attention_as_math,
     call_public_functions,
@@ -203,7 +202,7 @@ class _Program:
             # (a Python value baked into the graph) stay on.
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
-            with _without_partial_graph():
+            with without_failure_dumps():
                 program = torch.export.export(Flat(), (values, tensors), strict=False)
         self.output_structure = outputs[-1]
         if any(spec.kind != torch.export.graph_signature.OutputKind.USER_OUTPUT
@@ -244,61 +243,6 @@ class _Program:
             result = self.graph(*values, *tensors)
             self._called = True
         return result
-
-
-class _Stderr:
-    """`sys.stderr` while threads export: what an exporting thread writes is held back (see
-    `_without_partial_graph`), what the others write goes through."""
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def write(self, text):
-        held = _HELD.get(threading.get_ident())
-        if held is None:
-            return self.stream.write(text)
-        held.append(text)
-        return len(text)
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
-_HELD: dict = {}  # thread -> what it wrote while it exported
-_STDERR = {"stream": None}  # the stderr `_Stderr` stands in front of
-_STDERR_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _without_partial_graph():
-    """Around an export: the partial graph `torch.export` prints on stderr when an export
-    fails on a data-dependent value (hundreds of lines; pytorch/pytorch#146298 added it as
-    a debugging aid) is dropped, since the search then runs eagerly with one warning that
-    gives the failure. What else the exporting thread wrote meanwhile (export's own
-    warnings) is written when the export ends; other threads' writes are never held."""
-    me = threading.get_ident()
-    with _STDERR_LOCK:
-        if not _HELD:
-            _STDERR["stream"] = sys.stderr
-            sys.stderr = _Stderr(sys.stderr)
-        _HELD[me] = held = []
-        stream = _STDERR["stream"]
-    graph = None
-    try:
-        yield
-    except Exception as error:
-        graph = getattr(error, "partial_fx_graph", None)
-        raise
-    finally:
-        with _STDERR_LOCK:
-            del _HELD[me]
-            if not _HELD and isinstance(sys.stderr, _Stderr):
-                sys.stderr = stream
-        text = "".join(held)
-        if graph is not None:
-            text = text.replace(f"{graph}\n", "")  # printed once by each of export's two wrappers
-        if text:
-            stream.write(text)
 
 
 def _storage(x) -> int:
