@@ -362,7 +362,8 @@ def test_bad_cluster_settings_are_one_sentence_each(backend):
     ({"cluster": {"worker": ["localhost:1234", "localhost:1234"]}}, "lists localhost:1234 more than once"),
     ({"cluster": {"chief": ["localhost:1234"], "worker": ["localhost:1234"]}}, "lists localhost:1234 more than once"),
     ({"task": {"type": "chief", "index": 0}}, "task.type must be 'worker'; got 'chief'"),
-    ({"task": {"type": "evaluator", "index": 0}}, "task.type must be 'worker'; got 'evaluator'"),
+    ({"task": {"type": "evaluator", "index": 0}}, "task.type is 'evaluator': `train` runs in the processes that train"),
+    ({"cluster": {"evaluator": ["localhost:1234"]}}, "got no chief or worker job"),
     ({"task": {"type": "worker", "index": True}}, "task.index must be an integer >= 0; got True"),
     ({"task": {"type": "worker", "index": 1.5}}, "task.index must be an integer >= 0; got 1.5"),
     ({"task": {"type": "worker"}}, "task.index must be an integer >= 0; got None"),
@@ -419,7 +420,7 @@ def test_the_port_of_a_run_that_just_ended_is_taken_again():
 
 
 def test_a_tf_config_with_a_chief_job_numbers_its_chief_first():
-    # Vertex AI and TensorFlow's own multi-worker guides write a `chief` job; it was refused.
+    # Vertex AI writes a `chief` job (TensorFlow's cluster specs allow one); it was refused.
     for index in range(3):
         workers_only = cluster.launch_environment("tensorflow", 3, index, 29500)
         with_chief = {"TF_CONFIG": json.dumps(_with_a_chief_job(json.loads(workers_only["TF_CONFIG"])))}
@@ -432,6 +433,9 @@ def test_a_tf_config_with_a_chief_job_numbers_its_chief_first():
                                          "task": {"type": kind, "index": index}})}
 
     assert not cluster.from_environment("tensorflow", environ("chief", 0, worker=[])).distributed  # one process
+    # An evaluator job beside them (TensorFlow's cluster specs allow one) is not a process that trains.
+    with_evaluator = cluster.from_environment("tensorflow", environ("worker", 1, evaluator=["localhost:29503"]))
+    assert with_evaluator == Cluster("tensorflow", 3, 2, "localhost:29500")
     for kind, index, message in (("chief", 1, "cluster.chief lists 1 process (index 0)"),
                                  ("worker", 2, "cluster.worker lists 2 processes (numbered 0 to 1)")):
         out_of_range = f"TF_CONFIG's task.index={index} is out of range: {message}."

@@ -157,11 +157,16 @@ def tf_config(text: str) -> TFConfig:
     if not isinstance(cluster, dict) or not isinstance(task, dict):
         raise ClusterError("TF_CONFIG is not a cluster description: it needs a \"cluster\" and a \"task\" object, "
                            'as in {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.')
-    others = sorted(set(cluster) - {"chief", "worker"})
-    if others or not cluster:
+    # An "evaluator" job (a side process that evaluates checkpoints; TensorFlow's cluster
+    # specs allow one) is not among the processes that train, as for the strategy.
+    others = sorted(set(cluster) - {"chief", "worker", "evaluator"})
+    if others or not set(cluster) & {"chief", "worker"}:
         raise ClusterError(f"TF_CONFIG's cluster must list its processes under \"worker\" (and one under \"chief\", "
                            f"or worker 0 is the chief): MultiWorkerMirroredStrategy trains with no other job; got "
-                           f"{others or 'no jobs'}.")
+                           f"{others or 'no chief or worker job'}.")
+    if task.get("type") == "evaluator":
+        raise ClusterError("TF_CONFIG's task.type is 'evaluator': `train` runs in the processes that train (chief and "
+                           "workers); evaluate a run's checkpoints with `keras-transformer evaluate`.")
     jobs = {}
     for job in ("chief", "worker"):
         tasks = cluster.get(job, [])
