@@ -364,6 +364,7 @@ def test_bad_cluster_settings_are_one_sentence_each(backend):
     ({"task": {"type": "chief", "index": 0}}, "task.type must be 'worker'; got 'chief'"),
     ({"task": {"type": "evaluator", "index": 0}}, "task.type is 'evaluator': `train` runs in the processes that train"),
     ({"cluster": {"evaluator": ["localhost:1234"]}}, "got no chief or worker job"),
+    ({"cluster": {"worker": []}}, "TF_CONFIG's cluster lists no process: give each process's host:port under"),
     ({"task": {"type": "worker", "index": True}}, "task.index must be an integer >= 0; got True"),
     ({"task": {"type": "worker", "index": 1.5}}, "task.index must be an integer >= 0; got 1.5"),
     ({"task": {"type": "worker"}}, "task.index must be an integer >= 0; got None"),

@@ -19,7 +19,7 @@ import threading
 
 class _Stderr:
     """`sys.stderr` while threads export: what an exporting thread writes is held back (see
-    `_without_partial_graph`), what the others write goes through."""
+    `without_failure_dumps`), what the others write goes through."""
 
     def __init__(self, stream):
         self.stream = stream

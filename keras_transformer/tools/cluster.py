@@ -176,6 +176,8 @@ def tf_config(text: str) -> TFConfig:
     if len(jobs["chief"]) > 1:
         raise ClusterError(f"TF_CONFIG's cluster.chief must list one process; got {len(jobs['chief'])}.")
     addresses = jobs["chief"] + jobs["worker"]
+    if not addresses:
+        raise ClusterError("TF_CONFIG's cluster lists no process: give each process's host:port under \"worker\".")
     repeated = sorted({a for a in addresses if addresses.count(a) > 1})
     if repeated:
         raise ClusterError(f"TF_CONFIG's cluster lists {repeated[0]} more than once: each process listens on its "
