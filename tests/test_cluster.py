@@ -705,6 +705,11 @@ def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):
         finally:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+    # The variable from elsewhere (its process alive, and not this one's parent): left alone,
+    # not taken for a launch that has ended.
+    result = subprocess.run([sys.executable, "-c", CHILD, "train", "--steps", "0"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, LAUNCHER: "1"})
+    assert result.returncode == 2 and "--steps must be >= 1" in result.stderr, (result.returncode, result.stderr)
 
 
 def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):

@@ -32,18 +32,30 @@ def end_with_launcher(environ=None) -> None:
     each process runs in a group of its own, so without this they would go on training
     with nobody waiting for them (the run resumes from its last epoch, as after any
     stop). Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`); elsewhere nothing.
-    `train` asks for it before it loads a backend."""
+    `train` asks for it before it loads a backend. A variable this process did not get
+    from a running `launch` (its parent is another, alive) is left alone."""
     import ctypes
     import ctypes.util
 
-    launcher = (os.environ if environ is None else environ).get(LAUNCHER)
-    if not launcher or not sys.platform.startswith("linux"):
+    launcher = (os.environ if environ is None else environ).get(LAUNCHER, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return
+    if os.getppid() != int(launcher):
+        if not _alive(int(launcher)):  # `launch` ended before this process got here
+            os.kill(os.getpid(), signal.SIGTERM)
         return
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
-        return
-    if str(os.getppid()) != launcher:  # `launch` ended before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
+    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) == 0 and os.getppid() != int(launcher):  # 1: PR_SET_PDEATHSIG
+        os.kill(os.getpid(), signal.SIGTERM)  # `launch` ended while the request was made
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (one that ended but is not yet reaped is a zombie: not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def add_parser(sub) -> None:
