@@ -384,6 +384,13 @@ def test_counts_and_ports_are_ascii_integers_the_engines_can_hold():
             cluster.from_environment("torch", {**good, "WORLD_SIZE": value})
     with pytest.raises(ClusterError, match="must be the coordinator's host:port"):
         cluster.from_environment("torch", {**good, "MASTER_PORT": "٢٩٥٠٠"})
+    # A URL resolved as a host named "http://localhost"; an empty first JAX address read as "not set".
+    with pytest.raises(ClusterError, match=r"^MASTER_ADDR:MASTER_PORT must be the coordinator's host:port, without a "
+                                           r"scheme; got 'tcp://localhost:29500'"):
+        cluster.from_environment("torch", {**good, "MASTER_ADDR": "tcp://localhost"})
+    jax = {**cluster.launch_environment("jax", 2, 1, 29500), "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",localhost:1235"}
+    with pytest.raises(ClusterError, match=r"^KERAS_DISTRIBUTION_JOB_ADDRESSES starts with an empty address"):
+        cluster.from_environment("jax", jax)
     # torchrun sets all four; by hand, a missing address said "got None".
     for missing in ("MASTER_ADDR", "MASTER_PORT"):
         with pytest.raises(ClusterError, match=r"^MASTER_ADDR:MASTER_PORT is not set: the processes of a run need"):

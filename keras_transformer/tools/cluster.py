@@ -85,6 +85,9 @@ def from_environment(backend: str, environ=None) -> Cluster:
     if backend == "jax" and any(v in environ for v in JAX_VARIABLES):
         address, count, index = (environ.get(v) for v in JAX_VARIABLES)
         names = JAX_VARIABLES
+        if address and not address.split(",")[0].strip():
+            raise ClusterError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES starts with an empty address ({address!r}): the "
+                               "first is the coordinator's host:port.")
         address = address.split(",")[0] if address else address
     elif backend == "torch" and ("WORLD_SIZE" in environ or "RANK" in environ):
         host, port, count, index = (environ.get(v) for v in TORCH_VARIABLES)
@@ -240,6 +243,8 @@ def host_and_port(address: str | None) -> tuple[str, str]:
 def _check_form(address: str, name: str, what: str = "the coordinator's host:port") -> tuple[str, int]:
     """The host and the port of `host:port`, checked."""
     host, port = host_and_port(address)
+    if "://" in address:  # the engines take host:port, not a URL
+        raise ClusterError(f"{name} must be {what}, without a scheme; got {address!r}.")
     if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ClusterError(f"{name} must be {what}; got {address!r}.")
     return host, int(port)
