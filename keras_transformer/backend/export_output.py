@@ -12,6 +12,7 @@ through at once.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import sys
 import threading
@@ -93,16 +94,13 @@ def without_failure_dumps():
 
 def _write_held(held: list, stream, failed: bool, graph) -> None:
     """What an exporting thread wrote and logged, in order, less what describes its failure."""
-    text = []
-    for item in [*held, None]:
-        if isinstance(item, str):
-            text.append(item)  # `print` writes its text and its newline apart
-            continue
-        joined = "".join(text)
-        text.clear()
-        if graph is not None:
-            joined = joined.replace(f"{graph}\n", "")  # printed once by each of export's two wrappers
-        if joined:
-            stream.write(joined)
-        if item is not None and not failed:
-            logging.getLogger(item.name).handle(item)
+    for is_text, items in itertools.groupby(held, key=lambda item: isinstance(item, str)):
+        if is_text:  # one string: `print` writes its text and its newline apart
+            text = "".join(items)
+            if graph is not None:
+                text = text.replace(f"{graph}\n", "")  # printed once by each of export's two wrappers
+            if text:
+                stream.write(text)
+        elif not failed:
+            for record in items:
+                logging.getLogger(record.name).handle(record)

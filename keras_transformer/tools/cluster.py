@@ -85,10 +85,11 @@ def from_environment(backend: str, environ=None) -> Cluster:
     if backend == "jax" and any(v in environ for v in JAX_VARIABLES):
         address, count, index = (environ.get(v) for v in JAX_VARIABLES)
         names = JAX_VARIABLES
-        if address and not address.split(",")[0].strip():
+        first = address.split(",")[0] if address else address
+        if address and not first.strip():
             raise ClusterError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES starts with an empty address ({address!r}): the "
                                "first is the coordinator's host:port.")
-        address = address.split(",")[0] if address else address
+        address = first
     elif backend == "torch" and ("WORLD_SIZE" in environ or "RANK" in environ):
         host, port, count, index = (environ.get(v) for v in TORCH_VARIABLES)
         names = ("MASTER_ADDR:MASTER_PORT", "WORLD_SIZE", "RANK")

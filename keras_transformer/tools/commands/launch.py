@@ -34,9 +34,6 @@ def end_with_launcher(environ=None) -> None:
     stop). Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`); elsewhere nothing.
     `train` asks for it before it loads a backend. A variable this process did not get
     from a running `launch` (its parent is another, alive) is left alone."""
-    import ctypes
-    import ctypes.util
-
     launcher = (os.environ if environ is None else environ).get(LAUNCHER, "")
     if not launcher.isdigit() or not sys.platform.startswith("linux"):
         return
@@ -44,6 +41,9 @@ def end_with_launcher(environ=None) -> None:
         if not _alive(int(launcher)):  # `launch` ended before this process got here
             os.kill(os.getpid(), signal.SIGTERM)
         return
+    import ctypes  # only in a process `launch` started
+    import ctypes.util
+
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.prctl(1, signal.SIGTERM, 0, 0, 0) == 0 and os.getppid() != int(launcher):  # 1: PR_SET_PDEATHSIG
         os.kill(os.getpid(), signal.SIGTERM)  # `launch` ended while the request was made
