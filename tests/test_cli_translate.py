@@ -487,7 +487,7 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     # The export replaces its directory as a whole: only an earlier SavedModel may be there.
     capsys.readouterr()
     assert cli.main(["export", "--run-dir", run, "--output", str(tmp_path)]) == 2
-    assert f"--output {tmp_path} holds files that are not a savedmodel export (a_file, empty.txt)" in capsys.readouterr().err
+    assert f"--output {tmp_path} holds files that are not a SavedModel export (a_file, empty.txt)" in capsys.readouterr().err
     assert a_file.read_text() == "mine"
     from keras_transformer.tools.commands import export
 
@@ -496,7 +496,7 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     (tmp_path / "translator" / "notes.txt").write_text("mine")
     assert cli.main(["demo", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err  # named by demo's own flag (it has no --output)
-    assert f"--output-dir {tmp_path}: its {tmp_path / 'translator'} holds files that are not a savedmodel export (notes.txt)" in err
+    assert f"--output-dir {tmp_path}: its {tmp_path / 'translator'} holds files that are not a SavedModel export (notes.txt)" in err
     # An --output that is the --input file, under any name, would replace the sentences.
     notes = tmp_path / "notes.txt"
     notes.write_text("one two\n")

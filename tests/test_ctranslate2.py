@@ -106,7 +106,7 @@ def test_bad_export_requests_are_one_line_and_write_nothing(run, tmp_path, capsy
         (["--run-dir", str(run), "--quantization", "int8", "--output", str(new)],
          "--quantization applies to --format ctranslate2 only"),
         (["--run-dir", str(run), "--format", "ctranslate2", "--output", str(full)],
-         f"--output {full} holds files that are not a ctranslate2 export (mine.txt)"),
+         f"--output {full} holds files that are not a CTranslate2 export (mine.txt)"),
         (["--run-dir", str(wordpiece), "--format", "ctranslate2", "--output", str(new)],
          "the run's tokenizer is wordpiece"),
         # The SavedModel's search settings were ignored by a CTranslate2 export without a word.

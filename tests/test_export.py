@@ -164,7 +164,7 @@ def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, 
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "notes.txt").write_text("mine")
     (tmp_path / "a_file").write_text("mine")
-    for path, message in ((tmp_path / "project", r"holds files that are not a savedmodel export \(notes.txt\)"),
+    for path, message in ((tmp_path / "project", r"holds files that are not a SavedModel export \(notes.txt\)"),
                           (tmp_path / "a_file", "is a file; give a directory for the SavedModel")):
         with pytest.raises(ValueError, match=message):
             kt.export.export_translator(model, tokenizer, path)
@@ -173,7 +173,7 @@ def test_an_export_never_replaces_a_directory_of_other_files(trained, exported, 
     from keras_transformer.tools import files
 
     assert files.replacement_problem(exported[0], "savedmodel") is None  # an earlier export: replaced
-    assert "not a ctranslate2 export" in files.replacement_problem(exported[0], "ctranslate2")
+    assert "not a CTranslate2 export" in files.replacement_problem(exported[0], "ctranslate2")
     for settings, message in ((dict(max_extra_length=-1), "`max_extra_length` must be an integer >= 0"),
                               (dict(length_penalty=float("nan")), "`length_penalty` must be a finite number"),
                               (dict(length_penalty=10.5), "`length_penalty` must be at most 10.0 in a SavedModel"),

@@ -146,8 +146,8 @@ def creation_problem(path, run_dir=None) -> str | None:
 # The directories the tools write as a whole (`atomic_write`), by kind: the file that marks
 # an earlier one, which a new one replaces, and what to call them.
 WHOLE_DIRECTORIES = {
-    "savedmodel": ("saved_model.pb", "savedmodel export", "SavedModel"),
-    "ctranslate2": ("model.bin", "ctranslate2 export", "CTranslate2 model"),
+    "savedmodel": ("saved_model.pb", "SavedModel export", "SavedModel"),
+    "ctranslate2": ("model.bin", "CTranslate2 export", "CTranslate2 model"),
     "tokenizer": ("tokenizer.json", "saved tokenizer", "tokenizer"),
 }
 
