@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import io
 import json
 import os
 import re
@@ -117,6 +118,9 @@ def test_two_processes_train_like_one_and_a_killed_one_stops_the_other_and_the_l
     out, err = relaunch.communicate(timeout=600)
     assert relaunch.returncode == 0, err[-3000:]
     assert "resuming" in out
+    if BACKEND == "jax":  # gloo's line (each process prints it, a piece at a time): once, whole
+        assert re.findall(r"^.*Gloo.*$", out, re.M) == [
+            "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"], out
     assert len(_losses(run)) == 4
     one_weights, two_weights = _weights(tmp_path / "one"), _weights(run)
     assert one_weights.keys() == two_weights.keys()
@@ -692,6 +696,15 @@ def _running(pid: int) -> bool:
 
 
 @only_on("torch", "launch's own code, the same on every backend")
+def test_launch_passes_on_what_the_others_print_by_whole_lines_without_gloos():
+    from keras_transformer.tools.commands import launch
+
+    out = io.StringIO()
+    launch._pass_on(io.BytesIO(b"[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer "
+                               b"ranks is : 1\na line, then one not UTF-8: \xff\nthe last, unfinished"), out)
+    assert out.getvalue() == "a line, then one not UTF-8: \ufffd\nthe last, unfinished"
+
+
 def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):
     from keras_transformer.tools.commands.launch import LAUNCHER
 

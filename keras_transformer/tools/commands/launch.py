@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from keras_transformer.tools.cluster import check_launch_port, free_port, launch_environment
@@ -117,7 +118,7 @@ def run(args) -> int:
     first signal's number once they have ended: no process is left training on its own
     (nor after a SIGKILL of `launch`: see `end_with_launcher`)."""
     port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
-    children, received, passed = [], [], {}  # passed: how many of the signals each process got
+    children, readers, received, passed = [], [], [], {}  # passed: how many of the signals each process got
 
     def forward(signum, frame):  # a second Ctrl-C is passed on too, as a second one
         received.append(signum)
@@ -133,11 +134,18 @@ def run(args) -> int:
                 break
             env = {**os.environ, **launch_environment(args.backend, args.processes, index, port),
                    LAUNCHER: str(os.getpid())}
-            children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0))
+            # The chief writes to this terminal; the others' standard output comes through `_pass_on`.
+            children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0,
+                                             stdout=subprocess.PIPE if index else None))
+            if index:
+                readers.append(threading.Thread(target=_pass_on, args=(children[-1].stdout,), daemon=True))
+                readers[-1].start()
             if passed.get(children[-1].pid, 0) < len(received):  # a signal came while it started
                 passed[children[-1].pid] = len(received)
                 children[-1].send_signal(received[-1])
         status = _wait(children, received)
+        for reader in readers:  # what the others printed last (their pipes are closed: they have ended)
+            reader.join(timeout=5)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
@@ -147,6 +155,22 @@ def run(args) -> int:
             "the same launch resumes the run from its last epoch.")
         return 128 + received[0]
     return status
+
+
+# JAX's CPU collectives (gloo) print `[Gloo] Rank i is connected to ...` on standard output
+# in every process, a piece at a time: from several processes at once the lines run into
+# each other. The chief's is the one shown.
+_GLOO_CONNECTED = b"[Gloo] Rank "
+
+
+def _pass_on(stream, out=None) -> None:
+    """Write what a process other than the chief prints on standard output (a byte stream)
+    to `out` (this process's standard output) a whole line at a time, without gloo's line."""
+    out = out or sys.stdout
+    for line in stream:
+        if not line.startswith(_GLOO_CONNECTED):
+            out.write(line.decode(errors="replace"))
+            out.flush()
 
 
 # Seconds the other processes get to stop by themselves once one has failed (on JAX and
