@@ -97,6 +97,31 @@ def test_quantizing_frees_the_float_kernels_and_leaves_the_collector_as_it_was()
         gc.unfreeze()
 
 
+def test_models_quantized_in_two_threads_are_quantized_one_at_a_time():
+    """The collector's frozen set and the warning filters `quantize_model` changes are the
+    process's: two threads (a server loading two runs) quantize one after the other."""
+    import gc
+    import threading
+    import time
+
+    inside, most, lock = [0], [0], threading.Lock()
+
+    class StandIn:  # Keras' `quantize`, slowly, with the warning `quantize_model` hides
+        def quantize(self, mode):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            warnings.warn("Layer LayerNormalization does not have a `quantize` method implemented.")
+            time.sleep(0.2)
+            with lock:
+                inside[0] -= 1
+
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as shown:
+        assert run_in_threads(lambda i: quantize_model(StandIn(), "int8"), count=2) == []
+    assert most[0] == 1 and shown == [] and warnings.filters == filters and gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_four_threads_translate_with_one_model(beam_size):
     # Every thread starts at once on a new model, so the search is also compiled while the
@@ -119,6 +144,47 @@ def test_four_threads_translate_with_one_model(beam_size):
     if BACKEND == "torch":  # the threads ran the exported programs too, not only eager searches
         (search,) = model._searches.values()
         assert len(search.compiled.programs) == 2
+
+
+@torch_only
+def test_two_models_exporting_in_two_threads_each_export_and_leave_the_warning_filters(monkeypatch):
+    """Two models (a server with two language pairs) export their programs in two threads
+    at once: torch.export runs in one at a time, both get their programs (in two threads
+    together both exports failed, pytorch/pytorch#105943, and both searched eagerly), and the
+    process's warning filters are what they were."""
+    import threading
+    import time
+
+    import torch
+
+    models = [_model(0), _model(1)]
+    expected = [to_numpy(m.translate(SOURCE, 1, max_length=4, compile=False), "int32") for m in models]
+    inside, most, lock, real_export = [0], [0], threading.Lock(), torch.export.export
+
+    def export(*args, **kwargs):  # how many exports run at this moment
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.3)
+        try:
+            return real_export(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(torch.export, "export", export)
+    filters, results = list(warnings.filters), {}
+
+    def work(i):  # each thread's second search exports its model's programs
+        results[i] = [to_numpy(models[i].translate(SOURCE, 1, max_length=4), "int32") for _ in range(2)]
+
+    assert run_in_threads(work, count=2) == []
+    for i in range(2):
+        for tokens in results[i]:
+            np.testing.assert_array_equal(tokens, expected[i])
+        assert len(models[i]._searches) == 1 and len(next(iter(models[i]._searches.values())).compiled.programs) == 2
+    assert most[0] == 1  # one export at a time: each put back the filters it found
+    assert warnings.filters == filters
 
 
 class _BranchingTransformer(kt.models.Transformer):

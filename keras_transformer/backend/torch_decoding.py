@@ -197,7 +197,7 @@ class _Program:
 
         values = [v.value.detach() for v in variables]
         tensors = [leaves[i] for i in tensor_at]
-        with warnings.catch_warnings():
+        with _ONE_EXPORT_AT_A_TIME, warnings.catch_warnings():
             # Keras' own notices while its Python runs on fake tensors; export's warnings
             # (a Python value baked into the graph) stay on.
             warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -243,6 +243,16 @@ class _Program:
             result = self.graph(*values, *tensors)
             self._called = True
         return result
+
+
+# `torch.export` is not safe to run in two threads at once (pytorch/pytorch#105943, "PT2 is
+# not thread safe"): two models exporting together in two threads each failed, with
+# "Trying to pop empty mode stack" and "We found a fake tensor in the exported program
+# constant's list", and both searched eagerly from then on. `warnings.catch_warnings`
+# around it saves and puts back the process's warning filters, which two at once would
+# leave with the other's `ignore` filters. Exports run one at a time (each keeps the CPU
+# busy for a second or more anyway); a search whose programs exist runs without waiting.
+_ONE_EXPORT_AT_A_TIME = threading.RLock()
 
 
 def _storage(x) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import threading
 import warnings
 
 import keras
@@ -53,18 +54,25 @@ def quantize_model(model, mode: str = "int8"):
 
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"`mode` must be one of {QUANTIZE_MODES}. Received: mode={mode!r}")
-    set_aside = gc.get_freeze_count() == 0
-    if set_aside:
-        gc.freeze()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
-            model.quantize(mode)
-    finally:
+    with _ONE_QUANTIZATION_AT_A_TIME:
+        set_aside = gc.get_freeze_count() == 0
         if set_aside:
-            gc.unfreeze()
-            gc.collect()
+            gc.freeze()
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+                model.quantize(mode)
+        finally:
+            if set_aside:
+                gc.unfreeze()
+                gc.collect()
     return model
+
+
+# The collector's frozen set and the warning filters are the process's: two models
+# quantized at once in two threads (a server loading two runs) would unfreeze each other's
+# objects and put back each other's filters. One at a time.
+_ONE_QUANTIZATION_AT_A_TIME = threading.Lock()
 
 
 def load_model_file(model_file):
