@@ -51,7 +51,9 @@ alternated, 16,372-17,208 with the attention written out and 10,089-14,995 witho
 a shape's first two searches take seconds of compilation on 2 CPU cores with Inductor's
 caches cold (the benchmark's shape: 25-26 s greedy, then 12 s beam 4, whose encoder call is
 the greedy search's program; about 5 s once its on-disk cache holds the programs), against
-3 s to export. The exported programs are the default.
+3 s to export. The exported programs are the default. Dynamo is not safe in two threads at
+once, so the searches of this mode run one at a time in a process (see
+`_PT2_ONE_AT_A_TIME`); the default mode's run in any number of threads.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
 `torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.
@@ -59,6 +61,7 @@ On a GPU, the same tokens in every mode, but a step of a small model is launch-b
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import warnings
@@ -121,7 +124,7 @@ class ExportedSearch:
         # Inference mode, not only `no_grad`: none of a step's ~140 operations keeps a
         # version counter or a view's record (a greedy search ~10% faster). Its tensors can
         # never enter autograd, so the results leave it as clones: a user may train on them.
-        with torch.inference_mode():
+        with torch.inference_mode(), (_PT2_ONE_AT_A_TIME if self.torch_compile else contextlib.nullcontext()):
             if calls <= self.eager_calls:  # a shape not seen enough: eager
                 result = self.search(source_ids, while_loop=eager_while_loop)
             else:
@@ -197,7 +200,7 @@ class _Program:
 
         values = [v.value.detach() for v in variables]
         tensors = [leaves[i] for i in tensor_at]
-        with _ONE_EXPORT_AT_A_TIME, warnings.catch_warnings():
+        with _PT2_ONE_AT_A_TIME, warnings.catch_warnings():
             # Keras' own notices while its Python runs on fake tensors; export's warnings
             # (a Python value baked into the graph) stay on.
             warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -215,11 +218,6 @@ class _Program:
         self.graph, self.merged = merge_repeats(self.graph)
         self.written = write_in_place(self.graph, len(values)) if in_place else []
         self.attentions_written_out = 0  # see `torch_graph.attention_as_math`
-        # A `torch.compile`d graph compiles at its first call, and Dynamo compiles it once per
-        # thread that enters before the first compilation is done (four threads: seven
-        # compilations of a beam search's two programs instead of two). The first call runs
-        # alone; the others wait for it, then find the compiled code.
-        self._first_call, self._called = threading.Lock(), False
 
     def __call__(self, values, *args):
         """`fn(*args)` with the variables' values `values`."""
@@ -237,22 +235,24 @@ class _Program:
             for i in self.written:
                 if not owned or _shares_memory(tensors[i], tensors[:i] + tensors[i + 1:], held):
                     tensors[i] = tensors[i].clone()
-        if self._called:
-            return self.graph(*values, *tensors)
-        with self._first_call:
-            result = self.graph(*values, *tensors)
-            self._called = True
-        return result
+        return self.graph(*values, *tensors)
 
 
-# `torch.export` is not safe to run in two threads at once (pytorch/pytorch#105943, "PT2 is
-# not thread safe"): two models exporting together in two threads each failed, with
-# "Trying to pop empty mode stack" and "We found a fake tensor in the exported program
-# constant's list", and both searched eagerly from then on. `warnings.catch_warnings`
-# around it saves and puts back the process's warning filters, which two at once would
-# leave with the other's `ignore` filters. Exports run one at a time (each keeps the CPU
-# busy for a second or more anyway); a search whose programs exist runs without waiting.
-_ONE_EXPORT_AT_A_TIME = threading.RLock()
+# `torch.export`, and Dynamo (which runs a `torch.compile`d graph and compiles it at its
+# first call), are not safe in two threads at once (pytorch/pytorch#105943, "PT2 is not
+# thread safe"). Two models exporting together in two threads each failed ("Trying to pop
+# empty mode stack", "We found a fake tensor in the exported program constant's list") and
+# searched eagerly from then on. With `compile="torch.compile"`, four threads of two models
+# failed now and then ("torch.compile with fullgraph=True found no compiled frames", about
+# one run in four), even with only the compiled graphs' calls taken in turn (the other
+# threads' eager first searches ran meanwhile); and Dynamo compiled a graph once per
+# thread that entered before its first compilation was done (four threads: seven
+# compilations of a beam search's two programs instead of two). `warnings.catch_warnings`
+# around an export also saves and puts back the process's warning filters, which two at
+# once would leave with the other's `ignore` filters. So exports, and the searches of
+# `compile="torch.compile"` (each whole), run one at a time in a process; the exported
+# graphs of the default mode, plain `torch.fx` code, run in any number of threads at once.
+_PT2_ONE_AT_A_TIME = threading.RLock()
 
 
 def _storage(x) -> int:
