@@ -566,6 +566,39 @@ def test_a_lost_peer_anywhere_after_joining_is_one_line_and_status_1():
     assert result.returncode == 1 and result.stderr.strip().endswith("RuntimeError: shapes differ")
 
 
+# A process of `processes` whose `train` fails on its own (a full disk) after joining. JAX's
+# shutdown, which waits for the other processes, runs at exit (an `atexit` hook).
+FAILED_ALONE = """
+import atexit, sys, types
+from keras_transformer.tools import cli
+from keras_transformer.tools.cluster import Cluster
+from keras_transformer.tools.collectives import stop_if_lost
+atexit.register(lambda: print("the engine's shutdown ran", flush=True))
+
+def train(args):
+    with stop_if_lost(Cluster("jax", int(sys.argv[1]), 0, "localhost:1")):
+        print("training", flush=True)
+        raise OSError(28, "No space left on device", "run/checkpoints/checkpoint_000001.npz")
+
+args = types.SimpleNamespace(command="train", verbose=False, loads_library=False, handler=train)
+sys.exit(cli.run(args, args))
+"""
+
+
+@only_on("torch", "backend-independent (what the command line does after train's error, no engine joined)")
+def test_a_process_of_several_that_fails_on_its_own_ends_at_once_after_its_line():
+    """With the engine's shutdown at exit, a JAX process whose `train` failed on its own (its
+    stdout closed by `launch ... | head`, a full disk) waited for the others, which waited
+    for it in their next collective: both hung until JAX aborted them minutes later."""
+    line = "keras-transformer train: error: No space left on device: run/checkpoints/checkpoint_000001.npz"
+    for processes, shutdown in ((2, False), (1, True)):  # one process ends as any program does
+        result = subprocess.run([sys.executable, "-c", FAILED_ALONE, str(processes)], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 1 and _errors(result.stderr) == [line], result.stderr[-2000:]
+        assert result.stdout.startswith("training\n")  # what it printed before is written out
+        assert ("the engine's shutdown ran" in result.stdout) == shutdown, (processes, result.stdout)
+
+
 def test_a_lost_peers_line_quotes_what_failed_not_tensorflows_heading():
     from keras_transformer.tools import collectives
 
@@ -577,6 +610,26 @@ def test_a_lost_peers_line_quotes_what_failed_not_tensorflows_heading():
                          "[Op:__inference_<lambda>_104]")
     assert collectives.lost(Cluster("tensorflow", 2, 1, "localhost:1"), error) == \
         "process 0 stopped answering (Collective ops is aborted by: Socket closed)"
+
+
+def test_a_closed_output_is_not_a_lost_peer(monkeypatch):
+    """`launch ... | head`: the chief's own writes fail once `head` has ended, with the same
+    "Broken pipe" as a collective whose peer is gone; it ends as one process would (status 1,
+    no line), not naming another process as lost."""
+    from keras_transformer.tools import collectives
+
+    cluster = Cluster("torch", 2, 0, "localhost:1")
+    broken = BrokenPipeError(32, "Broken pipe")
+    assert collectives.lost(cluster, broken) == "process 1 stopped answering ([Errno 32] Broken pipe)"
+    read, write = os.pipe()
+    os.close(read)  # the reader has ended
+    with os.fdopen(write, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert collectives.lost(cluster, broken) is None
+        # gloo's own broken pipe (a socket to a peer) is a lost peer still.
+        gloo = RuntimeError("[gloo/transport/tcp/pair.cc:598] Write failure: Broken pipe")
+        assert collectives.lost(cluster, gloo) == f"process 1 stopped answering ({gloo})"
+        monkeypatch.undo()
 
 
 @only_on("tensorflow", "backend-independent (tf.data under every backend)")
@@ -703,6 +756,10 @@ def test_launch_passes_on_what_the_others_print_by_whole_lines_without_gloos():
     launch._pass_on(io.BytesIO(b"[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer "
                                b"ranks is : 1\na line, then one not UTF-8: \xff\nthe last, unfinished"), out)
     assert out.getvalue() == "a line, then one not UTF-8: \ufffd\nthe last, unfinished"
+    out.close()  # `launch ... | head` has ended: the rest is read, and dropped
+    stream = io.BytesIO(b"one\ntwo\n")
+    launch._pass_on(stream, out)
+    assert stream.read() == b""
 
 
 def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):

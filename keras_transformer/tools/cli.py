@@ -20,7 +20,7 @@ import tempfile
 import warnings
 
 # Only the settings modules, which import no backend: `--help` and argument checks stay fast.
-from keras_transformer.tools import commands
+from keras_transformer.tools import commands, files
 from keras_transformer.tools.config import RunError, say
 from keras_transformer.tools.files import RunDirError
 
@@ -157,7 +157,22 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
     the input, 1 with one line when the operating system refuses a read or a write (a full
     disk), 1 with a traceback for anything else unexpected. `settings` is what `checked(args)`
     gave, when the caller checked already (the installed command checks before the backend
-    loads, so that a mistake is reported in a fraction of a second)."""
+    loads, so that a mistake is reported in a fraction of a second).
+
+    A process of several whose `train` failed on its own ends here, at once, once it has
+    said why (see `collectives.FAILED_IN_CLUSTER`); the others stop at their next
+    collective, naming it."""
+    status = _run(args, settings)
+    collectives = sys.modules.get("keras_transformer.tools.collectives")  # loaded if train joined a cluster
+    if status and collectives is not None and collectives.FAILED_IN_CLUSTER.is_set():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(status)
+    return status
+
+
+def _run(args, settings):
     if settings is None:
         settings, status = checked(args)
         if status is not None:
@@ -179,7 +194,7 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted(args)
     except Exception as e:
-        if isinstance(e, BrokenPipeError) and _reader_gone(sys.stdout):
+        if isinstance(e, BrokenPipeError) and files.reader_gone(sys.stdout):
             _drop_unwritten(sys.stdout)
             return 1  # the reader of the output stopped reading (`| head`): nothing to report
         if isinstance(e, OSError) and e.errno is not None:
@@ -200,18 +215,6 @@ def run(args, settings: argparse.Namespace | None = None) -> int:
         say(f"keras-transformer {args.command}: internal error (a bug in keras-transformer). Please report "
             "it with the command line and the traceback above.")
         return 1
-
-
-def _reader_gone(stream) -> bool:
-    """Whether `stream` is a pipe whose reading end was closed (its descriptor polls as an error)."""
-    import select
-
-    try:
-        poller = select.poll()
-        poller.register(stream.fileno(), select.POLLOUT)
-        return any(event & select.POLLERR for _, event in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # not a file with a descriptor
-        return False
 
 
 def _drop_unwritten(stream) -> None:

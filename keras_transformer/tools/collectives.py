@@ -22,6 +22,8 @@ import time
 from keras_transformer.tools.cluster import (JOIN_TIMEOUT, Cluster, ClusterError, host_and_port, tf_config,
                                              tf_task_taken)
 from keras_transformer.tools.config import say
+from keras_transformer.tools.files import reader_gone
+
 
 def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     """Start the backend's engine and wait for every process, at most `timeout` seconds.
@@ -211,11 +213,6 @@ def torch_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _exit_lost(cluster: Cluster, reason: str) -> None:
-    """One line and status 1, now: the engines' own shutdown would wait for the lost process."""
-    _exit(cluster, _resumable(reason), 1)
-
-
 def _resumable(reason: str) -> str:
     """A fault's line: the run resumes where it stopped when it is started again."""
     return f"{reason}. Run the same launch again to resume"
@@ -253,6 +250,8 @@ def lost(cluster: Cluster, error: BaseException) -> str | None:
     "Connection reset/closed by peer", NCCL's "remote process exited", XLA's failed all-reduce.
     The engines raise plain `RuntimeError`s for these, so their text is what tells them apart.
     """
+    if isinstance(error, BrokenPipeError) and reader_gone(sys.stdout):
+        return None  # this process's own output was closed (`launch ... | head`): no peer is lost
     text = str(error)
     signs = ("Gloo", "gloo", "Connection reset by peer", "Connection closed by peer", "NCCL", "Broken pipe",
              "coordination service", "DistBackendError", "Collective ops is aborted", "Socket closed",
@@ -276,8 +275,17 @@ def stop_if_lost(cluster: Cluster):
     except Exception as e:
         reason = lost(cluster, e) if cluster.distributed else None
         if reason is None:
+            if cluster.distributed:
+                FAILED_IN_CLUSTER.set()
             raise
-        _exit_lost(cluster, reason)
+        _exit(cluster, _resumable(reason), 1)  # now: the engines' shutdown would wait for the lost process
+
+
+# Set when an error other than a lost peer ends `train` in a process of several: the command
+# line, once it has said why, ends the process at once (`cli.run`). A normal exit runs the
+# engine's shutdown, which waits for the others (JAX's coordination service), while they
+# wait for this one at their next collective: both hung until JAX aborted them minutes later.
+FAILED_IN_CLUSTER = threading.Event()
 
 
 def barrier(cluster: Cluster, name: str) -> None:

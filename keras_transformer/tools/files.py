@@ -55,6 +55,19 @@ def input_problem(path, streams: bool = False) -> str | None:
     return None
 
 
+def reader_gone(stream) -> bool:
+    """Whether `stream` is a pipe whose reading end was closed (its descriptor polls as an
+    error): `keras-transformer ... | head` after `head` has ended."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # not a file with a descriptor
+        return False
+
+
 def kind_of_tokenizer(settings: dict) -> str:
     """The tokenizer kind a `tokenizer.json` names: "wordpiece" for the files written
     before SentencePiece existed, which hold no kind."""

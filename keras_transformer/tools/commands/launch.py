@@ -165,12 +165,17 @@ _GLOO_CONNECTED = b"[Gloo] Rank "
 
 def _pass_on(stream, out=None) -> None:
     """Write what a process other than the chief prints on standard output (a byte stream)
-    to `out` (this process's standard output) a whole line at a time, without gloo's line."""
+    to `out` (this process's standard output) a whole line at a time, without gloo's line.
+    Once `out` is closed (`launch ... | head`), the rest is read and dropped: the process
+    never waits on a full pipe."""
     out = out or sys.stdout
     for line in stream:
-        if not line.startswith(_GLOO_CONNECTED):
-            out.write(line.decode(errors="replace"))
-            out.flush()
+        if out is not None and not line.startswith(_GLOO_CONNECTED):
+            try:
+                out.write(line.decode(errors="replace"))
+                out.flush()
+            except (OSError, ValueError):  # a closed pipe, or a closed file
+                out = None
 
 
 # Seconds the other processes get to stop by themselves once one has failed (on JAX and
