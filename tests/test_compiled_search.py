@@ -5,6 +5,8 @@ eagerly with one warning when compiling fails. On PyTorch, `jit_compile=True` tr
 eagerly with one warning (Keras' `torch.compile` path is slower than eager here)."""
 
 import contextlib
+import threading
+import time
 import warnings
 
 import keras
@@ -101,25 +103,17 @@ def test_models_quantized_in_two_threads_are_quantized_one_at_a_time():
     """The collector's frozen set and the warning filters `quantize_model` changes are the
     process's: two threads (a server loading two runs) quantize one after the other."""
     import gc
-    import threading
-    import time
 
-    inside, most, lock = [0], [0], threading.Lock()
+    at_once = _AtOnce(pause=0.2)
 
     class StandIn:  # Keras' `quantize`, slowly, with the warning `quantize_model` hides
-        def quantize(self, mode):
-            with lock:
-                inside[0] += 1
-                most[0] = max(most[0], inside[0])
-            warnings.warn("Layer LayerNormalization does not have a `quantize` method implemented.")
-            time.sleep(0.2)
-            with lock:
-                inside[0] -= 1
+        quantize = staticmethod(at_once.counted(lambda mode: warnings.warn(
+            "Layer LayerNormalization does not have a `quantize` method implemented.")))
 
     filters = list(warnings.filters)
     with warnings.catch_warnings(record=True) as shown:
         assert run_in_threads(lambda i: quantize_model(StandIn(), "int8"), count=2) == []
-    assert most[0] == 1 and shown == [] and warnings.filters == filters and gc.get_freeze_count() == 0
+    assert at_once.most == 1 and shown == [] and warnings.filters == filters and gc.get_freeze_count() == 0
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])
@@ -152,15 +146,12 @@ def test_two_models_exporting_in_two_threads_each_export_and_leave_the_warning_f
     at once: torch.export runs in one at a time, both get their programs (in two threads
     together both exports failed, pytorch/pytorch#105943, and both searched eagerly), and the
     process's warning filters are what they were."""
-    import threading
-
     import torch
 
     models = [_model(0), _model(1)]
     expected = [to_numpy(m.translate(SOURCE, 1, max_length=4, compile=False), "int32") for m in models]
-    inside, most = [0], [0]
-    monkeypatch.setattr(torch.export, "export",
-                        _counting_concurrency(torch.export.export, inside, most, threading.Lock(), pause=0.1))
+    at_once = _AtOnce(pause=0.1)
+    monkeypatch.setattr(torch.export, "export", at_once.counted(torch.export.export))
     filters, results = list(warnings.filters), {}
 
     def work(i):  # each thread's second search exports its model's programs
@@ -171,7 +162,7 @@ def test_two_models_exporting_in_two_threads_each_export_and_leave_the_warning_f
         for tokens in results[i]:
             np.testing.assert_array_equal(tokens, expected[i])
         assert len(models[i]._searches) == 1 and len(next(iter(models[i]._searches.values())).compiled.programs) == 2
-    assert most[0] == 1  # one export at a time: each put back the filters it found
+    assert at_once.most == 1  # one export at a time: each put back the filters it found
     assert warnings.filters == filters
 
 
@@ -265,7 +256,6 @@ def test_a_step_that_draws_random_numbers_runs_eagerly_with_only_its_warning(cap
 @torch_only
 def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped(capsys):
     import sys
-    import threading
 
     from keras_transformer.backend.export_output import without_failure_dumps
 
@@ -297,7 +287,6 @@ def test_only_the_exporting_threads_stderr_is_held_and_only_the_graph_is_dropped
 @torch_only
 def test_only_the_exporting_threads_shape_records_are_held_and_dropped_if_it_fails():
     import logging
-    import threading
 
     from keras_transformer.backend.export_output import without_failure_dumps
 
@@ -443,17 +432,15 @@ def test_four_threads_translate_through_torch_compile_with_two_models(monkeypatc
     safe in two threads at once (pytorch/pytorch#105943; with Inductor, about one run in
     four of this failed and fell back to eager), so these searches take turns. A backend
     that counts stands in for Inductor (whose C++ takes seconds per program here)."""
-    import threading
-
     compiled = _count_torch_compilations(monkeypatch)
     models = [_model(4), _model(6)]
     inputs = [SOURCE, SOURCE[::-1].copy(), np.roll(SOURCE, 1, axis=1)]
     expected = [[to_numpy(m.translate(x, 2, max_length=6, compile=False), "int32") for x in inputs] for m in models]
-    inside, most, lock = [0], [0], threading.Lock()
+    at_once = _AtOnce()
     for model in models:  # a shape's first search (eager) made, then each search counted while it runs
         model.translate(SOURCE, 2, max_length=6, compile="torch.compile")
         (search,) = model._searches.values()
-        search.compiled.search = _counting_concurrency(search.compiled.search, inside, most, lock)
+        search.compiled.search = at_once.counted(search.compiled.search)
     results = []
 
     def work(worker):
@@ -467,26 +454,29 @@ def test_four_threads_translate_through_torch_compile_with_two_models(monkeypatc
     for model, which, tokens in results:
         np.testing.assert_array_equal(tokens, expected[model][which])
     assert len(compiled) == 4, compiled  # each program compiled once, however many threads reached it
-    assert most[0] == 1  # one search at a time
+    assert at_once.most == 1  # one search at a time
 
 
-def _counting_concurrency(fn, inside, most, lock, pause=0.02):
-    """`fn`, counting in `inside` how many calls run at this moment and in `most` the most
-    at once (each call waits `pause` seconds first, for the others to come in)."""
-    import time
+class _AtOnce:
+    """Counts how many calls of the functions it wraps run at one moment; `most`: the most
+    at once. Each call waits `pause` seconds first, for the others to come in."""
 
-    def counted(*args, **kwargs):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(pause)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            with lock:
-                inside[0] -= 1
+    def __init__(self, pause: float = 0.02):
+        self.pause, self.inside, self.most, self._lock = pause, 0, 0, threading.Lock()
 
-    return counted
+    def counted(self, fn):
+        def call(*args, **kwargs):
+            with self._lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            time.sleep(self.pause)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.inside -= 1
+
+        return call
 
 
 @torch_only

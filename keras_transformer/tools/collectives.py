@@ -273,18 +273,18 @@ def stop_if_lost(cluster: Cluster):
     try:
         yield
     except Exception as e:
-        reason = lost(cluster, e) if cluster.distributed else None
+        if not cluster.distributed:
+            raise
+        reason = lost(cluster, e)
         if reason is None:
-            if cluster.distributed:
-                FAILED_IN_CLUSTER.set()
+            FAILED_IN_CLUSTER.set()
             raise
         _exit(cluster, _resumable(reason), 1)  # now: the engines' shutdown would wait for the lost process
 
 
-# Set when an error other than a lost peer ends `train` in a process of several: the command
-# line, once it has said why, ends the process at once (`cli.run`). A normal exit runs the
-# engine's shutdown, which waits for the others (JAX's coordination service), while they
-# wait for this one at their next collective: both hung until JAX aborted them minutes later.
+# Set when an error other than a lost peer ends `train` in a process of several; `cli.run`
+# then ends the process at once: a normal exit runs the engine's shutdown, which waits for the
+# others (JAX's), while they wait for this one at their next collective (both hung for minutes).
 FAILED_IN_CLUSTER = threading.Event()
 
 
