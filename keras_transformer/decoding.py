@@ -47,7 +47,7 @@ def eager_while_loop(cond, body, loop_vars):
     `jax.jit`, so a body that reads a tensor's value in Python could not run at all.
     """
     loop_vars = tuple(loop_vars)
-    while bool(keras.ops.convert_to_numpy(cond(*loop_vars))):
+    while bool(cond(*loop_vars)):  # a scalar tensor's truth, on every backend
         loop_vars = tuple(body(*loop_vars))
     return loop_vars
 

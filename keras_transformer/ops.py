@@ -315,7 +315,13 @@ def _concrete_numpy(x):
         return x
     if isinstance(x, keras.KerasTensor):
         return None
-    try:
-        return np.asarray(ops.convert_to_numpy(x))
+    try:  # NumPy reads a CPU tensor of any backend where it is
+        return np.asarray(x)
     except Exception:  # noqa: BLE001 - tracers and graph tensors have no values.
+        pass
+    if not hasattr(x, "numpy"):  # a tracer or a graph tensor (neither has values to read)
+        return None
+    try:  # a tensor NumPy cannot read where it is (a PyTorch tensor on a GPU)
+        return np.asarray(ops.convert_to_numpy(x))
+    except Exception:  # noqa: BLE001 - PyTorch's fake tensors while exporting have no values.
         return None

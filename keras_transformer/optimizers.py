@@ -55,7 +55,7 @@ class Adam(keras.optimizers.Adam):
 
         params = [v.value for v in trainable_variables]
         device = params[0].device
-        updates_done = float(keras.ops.convert_to_numpy(self.iterations))
+        updates_done = float(keras.ops.convert_to_tensor(self.iterations))
         step = updates_done + 1.0  # t of this update
         index = [self._get_variable_index(v) for v in trainable_variables]
         fused = device.type in ("cpu", "cuda") and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16)
@@ -74,7 +74,7 @@ class Adam(keras.optimizers.Adam):
                 amsgrad=False,
                 beta1=float(self.beta_1),
                 beta2=float(self.beta_2),
-                lr=float(keras.ops.convert_to_numpy(learning_rate)),
+                lr=float(learning_rate),
                 weight_decay=0.0,  # Keras applies its weight decay before this update
                 eps=float(self.epsilon) / (1.0 - float(self.beta_2) ** step) ** 0.5,
                 maximize=False,

@@ -184,7 +184,7 @@ class Translating:
         short = min_length <= first < max_length  # an output must have room for `[END]`
         for length in ([first] if short else []) + [max_length]:
             tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)
-            if length == max_length or bool(ops.convert_to_numpy(complete)):
+            if length == max_length or bool(complete):
                 break
         if length < max_length:
             padding = [[0, 0]] * (len(tokens.shape) - 1) + [[0, max_length - length]]
