@@ -6,6 +6,7 @@ PyTorch too."""
 
 import gzip
 import json
+import logging
 import os
 import re
 import subprocess
@@ -124,7 +125,7 @@ def test_save_and_load(kind, tmp_path):
 @pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
 def test_one_loaded_tokenizer_serves_several_threads(kind, tmp_path):
     # A server loads a tokenizer once and calls it from its request threads; here four
-    # threads make the first (tracing) calls at once.
+    # threads make their first calls at once.
     Tokenizer.build(UNICODE * 5, vocab_size=300, kind=kind, min_frequency=1).save(tmp_path / "tok")
     shared, alone = Tokenizer.load(tmp_path / "tok"), Tokenizer.load(tmp_path / "tok")
     texts = [text for text in UNICODE for _ in range(3)]
@@ -140,6 +141,27 @@ def test_one_loaded_tokenizer_serves_several_threads(kind, tmp_path):
 
     assert run_in_threads(work) == [] and len(results) == 40
     assert all(same_ids and same_text for same_ids, same_text in results), results
+
+
+def test_a_process_with_six_tokenizers_is_not_told_they_retrace(tmp_path):
+    # A server with a tokenizer per model. TensorFlow counts a `tf.function`'s traces by
+    # its code, across instances, and each tokenizer traces its own graph: the fifth
+    # tokenizer's first call was warned of "excessive" retracing (once for `tokenize`,
+    # once for `detokenize`, and again at the sixth).
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    try:
+        for kind in ("sentencepiece", "wordpiece"):
+            Tokenizer.build(UNICODE * 5, vocab_size=300, kind=kind, min_frequency=1).save(tmp_path / kind)
+        tokenizers = [Tokenizer.load(tmp_path / kind) for kind in ("sentencepiece", "wordpiece") for _ in range(3)]
+        back = [tok.detokenize_dense(tok.tokenize_dense(UNICODE)) for tok in tokenizers]
+    finally:
+        logger.removeHandler(handler)
+    assert back[0] == UNICODE and len(back) == 6  # SentencePiece round trips
+    assert [r.getMessage()[:80] for r in records if "retracing" in r.getMessage()] == []
 
 
 def test_vocabularies_written_before_sentencepiece_still_load(tmp_path):

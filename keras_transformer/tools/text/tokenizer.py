@@ -159,6 +159,17 @@ class Tokenizer(tf.Module):
         ids = tf.ragged.boolean_mask(ids, tf.logical_not(tf.gather(self._reserved, ids)))
         return self._detokenize(ids)
 
+    def _trace(self) -> None:
+        """Trace `tokenize` and `detokenize` now, once each (their signatures are fixed).
+
+        TensorFlow counts the traces of a `tf.function` by its code, across instances: a
+        process that loaded five tokenizers (a server with five models) and called each
+        once was warned that `Tokenizer.tokenize` "triggered tf.function retracing" five
+        times in a row, though each instance traced only its own graph. Traces made here
+        are not calls, and a tokenizer's first call finds its graph made."""
+        self.tokenize.get_concrete_function()
+        self.detokenize.get_concrete_function()
+
     def _tokenize(self, texts):
         raise NotImplementedError
 
@@ -295,6 +306,7 @@ class WordPieceTokenizer(Tokenizer):
             table, token_out_type=tf.int64, unknown_token=UNK, lower_case=False,
             normalization_form="NFC",
         )
+        self._trace()
 
     def _tokenize(self, texts):
         return self._tokenizer.tokenize(texts).merge_dims(-2, -1)  # (B, words, pieces) -> (B, pieces)
@@ -335,6 +347,7 @@ class SentencePieceTokenizer(Tokenizer):
         sp = tf_text.SentencepieceTokenizer(model=self._model, out_type=tf.int32)
         vocab = [t.decode("utf-8") for t in sp.id_to_string(tf.range(sp.vocab_size())).numpy()]
         super().__init__(vocab, lower_case)
+        self._trace()
 
     @property
     def model_proto(self) -> bytes:
