@@ -160,13 +160,10 @@ class Tokenizer(tf.Module):
         return self._detokenize(ids)
 
     def _trace(self) -> None:
-        """Trace `tokenize` and `detokenize` now, once each (their signatures are fixed).
-
-        TensorFlow counts the traces of a `tf.function` by its code, across instances: a
-        process that loaded five tokenizers (a server with five models) and called each
-        once was warned that `Tokenizer.tokenize` "triggered tf.function retracing" five
-        times in a row, though each instance traced only its own graph. Traces made here
-        are not calls, and a tokenizer's first call finds its graph made."""
+        """Trace `tokenize` and `detokenize` now, once each (fixed signatures). TensorFlow
+        counts a `tf.function`'s traces by its code, across instances: five tokenizers in a
+        process (a server with five models), each called once, were warned of "retracing".
+        Traces made here are not calls; the first call finds its graph made."""
         self.tokenize.get_concrete_function()
         self.detokenize.get_concrete_function()
 
