@@ -16,18 +16,20 @@ torch_only = pytest.mark.skipif(
 )
 
 
-def _apply(optimizer, steps=10, warned=None):
+def _updated(optimizer, steps=10):
+    """`steps` updates by `optimizer` of three variables; returns the variables."""
     rng = np.random.default_rng(0)
     variables = [keras.Variable(rng.normal(size=shape).astype("float32")) for shape in ((4, 3), (5,), (2, 3, 2))]
     optimizer.build(variables)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step in range(steps):
-            # Gradients of very different sizes, as in a real model.
-            grads = [rng.normal(size=v.shape).astype("float32") * 10.0 ** -(step % 4) for v in variables]
-            optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
-    if warned is not None:
-        warned.extend(str(w.message) for w in caught)
+    for step in range(steps):
+        # Gradients of very different sizes, as in a real model.
+        grads = [rng.normal(size=v.shape).astype("float32") * 10.0 ** -(step % 4) for v in variables]
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    return variables
+
+
+def _apply(optimizer, steps=10):
+    variables = _updated(optimizer, steps)
     return [to_numpy(v) for v in variables] + [to_numpy(v) for v in optimizer.variables]
 
 
@@ -39,10 +41,12 @@ def test_the_pytorch_update_runs_in_torch_optim_adam(monkeypatch):
     calls = []
     real = torch_adam.adam
     monkeypatch.setattr(torch_adam, "adam", lambda *a, **k: calls.append(k) or real(*a, **k))
-    warned = []
-    _apply(kt.schedules.transformer_optimizer(16, warmup_steps=4), steps=3, warned=warned)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _updated(kt.schedules.transformer_optimizer(16, warmup_steps=4), steps=3)
     assert len(calls) == 3
-    assert warned == []  # the step count and the rate read as floats, not through NumPy (which warned)
+    # The step count and the rate read as floats, not through NumPy (which warned).
+    assert [str(w.message) for w in caught] == []
     assert calls[0]["fused"] is True  # CPU float32: PyTorch's fused kernel
 
 
