@@ -478,6 +478,26 @@ def test_dataset_drops_long_pairs_and_checks_budget(tokenizer):
         make_dataset(pairs, tokenizer, batch_tokens=8, max_length=16)
 
 
+@pytest.mark.parametrize("too_long", [10, 11])
+def test_a_max_length_that_leaves_out_more_than_a_twentieth_of_the_pairs_is_reported(tokenizer, too_long):
+    from keras_transformer.tools.run_setup import data_statistics
+
+    long_source = " ".join(["pizza"] * 3)
+    length = len(tokenizer.tokenize_dense([long_source]).numpy()[0])  # the longest pair's longer side
+    assert 16 < length <= 64
+    train = [("forty - two", "I pizza")] * 190 + [(long_source, "I")] * too_long
+    corpus = corpora.Corpus(train=train, validation=train[:5], test=train[:5])
+    summary = data_statistics(corpus, tokenizer, max_length=16)["summary"]
+    assert f"190 kept, {too_long} longer than --max-length 16 dropped" in summary
+    warning = [line for line in summary.splitlines() if line.startswith("warning:")]
+    if too_long == 10:  # 10 of 200: 5%, not more
+        assert warning == [], summary
+    else:  # 11 of 201; 99% of the pairs fit the long ones' length, rounded up to a multiple of 8
+        assert warning == [f"warning: {11 / 201:.1%} of the training pairs are longer than --max-length 16 and "
+                           f"are not trained on (the longest is {length} tokens); --max-length "
+                           f"{-(-length // 8) * 8} keeps 99% of them"], summary
+
+
 def test_datasets_run_without_tf_datas_autotuning_thread(tokenizer):
     # Deleting an iterator waits out the autotuner thread's optimization period (up to a
     # minute): an iterator `fit` left behind froze the process for up to 52 s when Python's

@@ -35,6 +35,8 @@ def load_corpus(config: TrainConfig):
 MIN_TRAIN_PAIRS = 100
 # Share of [UNK] in the tokenized training text above which the vocabulary is reported.
 UNK_WARNING = 0.02
+# Share of the training pairs longer than --max-length above which the setting is reported.
+TOO_LONG_WARNING = 0.05
 
 
 def _own_names() -> set[str]:
@@ -222,6 +224,7 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
         counts[f"{split}_pairs"] = len(pairs) - too_long
         counts[f"{split}_too_long"] = too_long
         if split == "train":
+            longest = np.maximum(source_length, target_length + 1)
             tokens = int(source_length.sum() + target_length.sum())
             unknown = int((source == tokenizer.unk_id).sum() + (target == tokenizer.unk_id).sum())
             counts["train_unk_rate"] = round(unknown / max(tokens, 1), 5)
@@ -235,6 +238,8 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             f"\nwarning: {counts['train_unk_rate']:.1%} of the training tokens are [UNK]; a larger "
             "--vocab-size or a smaller --min-frequency covers more of the text"
         )
+    if dropped > TOO_LONG_WARNING * len(corpus.train):
+        summary += "\n" + _too_long_warning(dropped / len(corpus.train), max_length, longest)
     if kept < MIN_TRAIN_PAIRS:
         raise RunError(
             f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "
@@ -242,3 +247,13 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             "Raise --max-length or give a larger corpus."
         )
     return {**counts, "summary": summary}
+
+
+def _too_long_warning(share: float, max_length: int, lengths) -> str:
+    """The line that reports a --max-length that leaves out `share` of the training pairs,
+    with the setting that keeps 99% of them (`lengths`: each pair's longer side, with `[END]`)."""
+    import numpy as np
+
+    fits = -(-int(np.percentile(lengths, 99, method="higher")) // 8) * 8  # up to a multiple of 8
+    return (f"warning: {share:.1%} of the training pairs are longer than --max-length {max_length} and are not "
+            f"trained on (the longest is {int(np.max(lengths))} tokens); --max-length {fits} keeps 99% of them")
