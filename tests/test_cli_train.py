@@ -757,6 +757,60 @@ def test_a_callback_of_the_caller_can_stop_a_run(tmp_path, small_tsv, capsys):
     assert "stopped after step 6 of 40: a callback asked to stop" in capsys.readouterr().out
 
 
+def test_a_time_budget_pauses_before_an_epoch_that_would_pass_it():
+    from keras_transformer.tools.callbacks import TimeBudget
+
+    class Model:
+        stop_training = False
+
+    now = [100.0]
+    budget = TimeBudget(deadline=130.0, limit="--max-minutes 0.5", clock=lambda: now[0])
+    budget.set_model(Model())
+    budget.set_params({"epochs": 5})
+    for epoch, seconds in enumerate([10.0, 9.0]):  # ends at 110 (+10 <= 130), then 119 (+9 <= 130): no pause
+        budget.on_epoch_begin(epoch)
+        now[0] += seconds
+        budget.on_epoch_end(epoch)
+        assert not budget.model.stop_training and budget.reason is None
+    budget.on_epoch_begin(2)
+    now[0] += 6.0  # ends at 125; another 6 s would end at 131
+    budget.on_epoch_end(2)
+    assert budget.model.stop_training and budget.reason == "--max-minutes 0.5 would pass during another epoch of 6 s"
+    # Not in the last epoch (the run ends there), nor in one a callback stopped for its own reason.
+    for model, epoch in ((Model(), 4), (type("Stopped", (), {"stop_training": True})(), 3)):
+        late = TimeBudget(deadline=0.0, limit="--max-minutes 1", clock=lambda: now[0])
+        late.set_model(model)
+        late.set_params({"epochs": 5})
+        late.on_epoch_begin(epoch)
+        late.on_epoch_end(epoch)
+        assert late.reason is None and model.stop_training == (epoch == 3)
+
+
+@only_on("torch", "the pause is a Keras callback setting `stop_training` (test_a_callback_of_the_caller_can_stop_a_run); "
+                  "what `train` writes and resumes around it is the same code on every backend")
+def test_a_run_paused_by_its_time_limit_is_continued_by_the_same_command(tmp_path, small, capsys):
+    out, argv = tmp_path / "run", ["--steps", "12", "--steps-per-epoch", "4"]
+    assert _run(out, small, *argv, "--max-minutes", "0.001") == 0  # past at the first epoch's end
+    printed = capsys.readouterr().out
+    assert "paused after step 4 of 12: --max-minutes 0.001 would pass during another epoch of" in printed
+    assert printed.rstrip().endswith("}") and "the same command continues the run" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and "--max-minutes 0.001" in metrics["paused"] and "stopped_early" not in metrics
+    assert (out / "model.keras").is_file() and "test_accuracy" in metrics  # served and scored as a finished run
+    with np.load(out / "state" / "state.npz") as data:
+        assert int(data["epochs_done"]) == 1 and not bool(data["stopped"])
+    assert _run(out, small, *argv) == 0  # without the limit: on to the end
+    printed = capsys.readouterr().out
+    assert f"resuming {out} after step 4" in printed and "paused after" not in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 12 and "paused" not in metrics
+    assert _run(out, small, *argv, "--max-minutes", "0.001") == 0
+    assert "finished at step 12 of 12" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        _run(out, small, *argv, "--max-minutes", "0")
+    assert exit_.value.code == 2 and "--max-minutes: must be a finite number >= 0.001, got 0" in capsys.readouterr().err
+
+
 def test_a_progress_bar_only_in_a_terminal(monkeypatch):
     import argparse
     import io

@@ -11,6 +11,7 @@ import csv
 import pathlib
 import signal
 import threading
+import time
 
 import keras
 
@@ -230,6 +231,40 @@ class SharedLogs(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs.update(self.average(self.cluster, logs))
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Pauses `fit` at the end of an epoch when another epoch as long as that one would end
+    past `deadline` (a `clock()` time): `train` with a time limit, on a machine lent for a
+    while. Never in the last epoch, nor in one that a callback stopped already. It goes
+    after `TrainingState`, which has then saved the epoch as any other (not stopped), so that
+    `train` on the same directory continues the run; in a cluster, the chief's alone, before
+    `SharedStop`.
+
+    Args:
+        deadline: A `clock()` time.
+        limit: The limit as the reason names it (`"--max-minutes 30"`).
+        clock: Seconds now; `time.time` by default.
+
+    Attributes:
+        reason: Why `fit` paused, or `None`.
+    """
+
+    def __init__(self, deadline: float, limit: str, clock=time.time):
+        super().__init__()
+        self.deadline, self.limit, self.clock = deadline, limit, clock
+        self.reason, self._began = None, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._began = self.clock()
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = self.clock()
+        last = epoch + 1 >= (self.params or {}).get("epochs", float("inf"))
+        if last or getattr(self.model, "stop_training", False) or 2 * now - self._began <= self.deadline:
+            return
+        self.model.stop_training = True
+        self.reason = f"{self.limit} would pass during another epoch of {now - self._began:.0f} s"
 
 
 class SharedStop(keras.callbacks.Callback):

@@ -71,7 +71,7 @@ def build_model(config: TrainConfig, tokenizer) -> Transformer:
 
 
 def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callbacks=(), cluster=None,
-          join_timeout: float | None = None) -> dict:
+          join_timeout: float | None = None, max_minutes: float | None = None) -> dict:
     """Run (or resume) training; return the test metrics. Raises `RunError` on bad input.
 
     A run that has already finished in `output_dir` is not loaded again: its saved test
@@ -87,17 +87,24 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     chief) learns the vocabulary and writes the run directory, and each process trains on
     its slice of every global batch. `output_dir` must be one directory that every
     process can read. `join_timeout` bounds the wait for the other processes.
+
+    `max_minutes` pauses the run at the end of an epoch once another epoch as long would end
+    more than `max_minutes` after this call (at least one epoch is trained): the models and
+    the test metrics are written as at the run's end, the metrics with `"paused"` (the
+    reason), and `train` on the same directory continues the run.
     """
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
     if cluster is None:
         cluster = cluster_lib.from_environment(keras.backend.backend())
     collectives.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
     with collectives.stop_if_lost(cluster):
-        return _train(config, pathlib.Path(output_dir), corpus, callbacks, cluster, verbose)
+        pause = None if deadline is None else kt_callbacks.TimeBudget(deadline, f"--max-minutes {max_minutes:g}")
+        return _train(config, pathlib.Path(output_dir), corpus, callbacks, cluster, verbose, pause)
 
 
-def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
+def _train(config, output_dir, corpus, callbacks, cluster, verbose, pause=None) -> dict:
     """`train` once this process has joined its cluster."""
     busy = busy_error(output_dir)
 
@@ -146,7 +153,7 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose) -> dict:
         collectives.barrier(cluster, "run directory written")
         if tokenizer is None:  # the chief's vocabulary
             tokenizer = files.load_run_tokenizer(output_dir / "tokenizer")
-        return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster)
+        return _fit(config, output_dir, corpus, tokenizer, verbose, list(callbacks), cluster, pause)
 
 
 def _facts(config: TrainConfig, corpus, cluster: cluster_lib.Cluster) -> dict:
@@ -180,7 +187,7 @@ def _datasets(config, corpus, tokenizer, cluster, trained_batches: int):
     return train_data, validation_data
 
 
-def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster) -> dict:
+def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluster, pause) -> dict:
     keras.utils.set_random_seed(config.seed)
     distributed_fit.set_data_parallel(cluster)
     with distributed_fit.scope(cluster):
@@ -211,7 +218,7 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
             yield local_model()
 
     interruptible, best, last, callbacks = _callbacks(
-        config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator)
+        config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator, pause)
     fit = dict(steps_per_epoch=batches_per_epoch, epochs=epochs,
                initial_epoch=initial_epoch, validation_data=validation_data, callbacks=callbacks,
                verbose=verbose if cluster.chief else 0)
@@ -224,10 +231,13 @@ def _fit(config, output_dir, corpus, tokenizer, verbose, extra_callbacks, cluste
     train_seconds = time.time() - start
     distributed_fit.unwrap_model(model)
     if cluster.chief:
-        steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        progress = {"steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+                    "train_seconds_this_session": round(train_seconds, 1)}
+        if pause is not None and pause.reason:
+            progress["paused"] = pause.reason
         with distributed_fit.alone(cluster):
             metrics = _finish(local_model(optimizer=True), config, output_dir, corpus, tokenizer, best, last,
-                              interruptible, {"steps": steps, "train_seconds_this_session": round(train_seconds, 1)})
+                              interruptible, progress)
     collectives.barrier(cluster, "run finished")
     if not cluster.chief:
         metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
@@ -251,7 +261,7 @@ def _finish(model, config, output_dir, corpus, tokenizer, best, last, interrupti
     return metrics
 
 
-def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator):
+def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator, pause=None):
     """`(interruptible, best, last, callbacks)`: the run's callbacks in the order they must run.
 
     In a cluster, the other processes get only what keeps them in step with the chief:
@@ -290,6 +300,7 @@ def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, 
         *extra_callbacks,
         # Last, so that a saved state means every other callback has finished the epoch.
         kt_callbacks.TrainingState(output_dir / "state"),
+        *([pause] if pause is not None else []),  # after the state, saved as not stopped
         *shared,
     ]
     return interruptible, best, last, callbacks
@@ -327,4 +338,7 @@ def _run_metrics(config, output_dir, best, progress) -> dict:
         metrics["stopped_early"] = True
         reason = kt_callbacks.TrainingState.stop_reason(output_dir / "state")
         print(f"stopped after step {steps} of {config.steps}: {reason}", flush=True)
+    elif "paused" in progress:
+        print(f"paused after step {steps} of {config.steps}: {progress['paused']}; the same command continues "
+              "the run", flush=True)
     return metrics

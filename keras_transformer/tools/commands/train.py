@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--output-dir", default="runs/numbers-tiny",
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
+    p.add_argument("--max-minutes", type=at_least(0.001, float), metavar="M",
+                   help="Pause at the end of an epoch once another epoch as long would end more than M minutes after "
+                        "training starts (at least one epoch is trained): the models and test metrics are written "
+                        "as at the end, and the same command continues the run. For a machine lent for a while.")
     p.add_argument("--cluster-timeout", type=at_least(1.0, float), default=JOIN_TIMEOUT,
                    help="In a multi-process run (see `keras-transformer launch`): seconds to wait for every "
                         "process to join before giving up.")
@@ -114,7 +118,8 @@ def run(args) -> int:
     from keras_transformer.tools.collectives import leave
 
     try:
-        train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout)
+        train(args.config, args.output_dir, verbose=fit_verbosity(args), join_timeout=args.cluster_timeout,
+              max_minutes=args.max_minutes)
     finally:
         leave(args.cluster)
     return 0
