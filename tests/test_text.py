@@ -496,6 +496,10 @@ def test_a_max_length_that_leaves_out_more_than_a_twentieth_of_the_pairs_is_repo
         assert warning == [f"warning: {11 / 201:.1%} of the training pairs are longer than --max-length 16 and "
                            f"are not trained on (the longest is {length} tokens); --max-length "
                            f"{-(-length // 8) * 8} keeps 99% of them"], summary
+    # At the bound: a source of `length` tokens fits --max-length `length`; a target of as many does not ([END]).
+    edge = corpora.Corpus(train=[(long_source, "I")] * 100 + [("I", long_source)], validation=[], test=[])
+    counts = data_statistics(edge, tokenizer, max_length=length)
+    assert (counts["train_pairs"], counts["train_too_long"]) == (100, 1), counts
 
 
 def test_datasets_run_without_tf_datas_autotuning_thread(tokenizer):

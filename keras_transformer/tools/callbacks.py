@@ -260,11 +260,12 @@ class TimeBudget(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()
-        last = epoch + 1 >= (self.params or {}).get("epochs", float("inf"))
-        if last or getattr(self.model, "stop_training", False) or 2 * now - self._began <= self.deadline:
+        seconds = now - self._began  # the epoch's, its callbacks' work included
+        last = epoch + 1 >= self.params.get("epochs", float("inf"))
+        if last or getattr(self.model, "stop_training", False) or now + seconds <= self.deadline:
             return
         self.model.stop_training = True
-        self.reason = f"{self.limit} would pass during another epoch of {now - self._began:.0f} s"
+        self.reason = f"{self.limit} would pass during another epoch of {seconds:.0f} s"
 
 
 class SharedStop(keras.callbacks.Callback):

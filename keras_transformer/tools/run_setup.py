@@ -220,11 +220,12 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
         source_length = (source != tokenizer.pad_id).sum(1)
         target_length = (target != tokenizer.pad_id).sum(1)
         # The pipeline's rule: source <= max_length, target + [END] <= max_length.
-        too_long = int(np.sum((source_length > max_length) | (target_length + 1 > max_length)))
+        longest = np.maximum(source_length, target_length + 1)
+        too_long = int(np.sum(longest > max_length))
         counts[f"{split}_pairs"] = len(pairs) - too_long
         counts[f"{split}_too_long"] = too_long
         if split == "train":
-            longest = np.maximum(source_length, target_length + 1)
+            train_longest = longest
             tokens = int(source_length.sum() + target_length.sum())
             unknown = int((source == tokenizer.unk_id).sum() + (target == tokenizer.unk_id).sum())
             counts["train_unk_rate"] = round(unknown / max(tokens, 1), 5)
@@ -239,7 +240,7 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             "--vocab-size or a smaller --min-frequency covers more of the text"
         )
     if dropped > TOO_LONG_WARNING * len(corpus.train):
-        summary += "\n" + _too_long_warning(dropped / len(corpus.train), max_length, longest)
+        summary += "\n" + _too_long_warning(dropped / len(corpus.train), max_length, train_longest)
     if kept < MIN_TRAIN_PAIRS:
         raise RunError(
             f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "

@@ -93,18 +93,18 @@ def train(config: TrainConfig, output_dir, verbose="auto", corpus=None, callback
     the test metrics are written as at the run's end, the metrics with `"paused"` (the
     reason), and `train` on the same directory continues the run.
     """
-    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+    pause = None if max_minutes is None else kt_callbacks.TimeBudget(time.time() + 60 * max_minutes,
+                                                                      f"--max-minutes {max_minutes:g}")
     # Everything that can be wrong with the input is found before the directory is touched.
     config.validate()
     if cluster is None:
         cluster = cluster_lib.from_environment(keras.backend.backend())
     collectives.join(cluster, cluster_lib.JOIN_TIMEOUT if join_timeout is None else join_timeout)
     with collectives.stop_if_lost(cluster):
-        pause = None if deadline is None else kt_callbacks.TimeBudget(deadline, f"--max-minutes {max_minutes:g}")
         return _train(config, pathlib.Path(output_dir), corpus, callbacks, cluster, verbose, pause)
 
 
-def _train(config, output_dir, corpus, callbacks, cluster, verbose, pause=None) -> dict:
+def _train(config, output_dir, corpus, callbacks, cluster, verbose, pause) -> dict:
     """`train` once this process has joined its cluster."""
     busy = busy_error(output_dir)
 
@@ -261,7 +261,7 @@ def _finish(model, config, output_dir, corpus, tokenizer, best, last, interrupti
     return metrics
 
 
-def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator, pause=None):
+def _callbacks(config, output_dir, corpus, tokenizer, extra_callbacks, cluster, translator, pause):
     """`(interruptible, best, last, callbacks)`: the run's callbacks in the order they must run.
 
     In a cluster, the other processes get only what keeps them in step with the chief:
