@@ -724,10 +724,19 @@ def test_best_model_of_a_run_without_validation_translations_is_refused(tmp_path
 
 @only_on("torch", "the step budget is a Keras callback setting `stop_training`, which every backend's `fit` "
                   "reads after each batch (test_training_recipe's Ctrl-C test, on every backend)")
-def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, capsys):
+def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, capsys, monkeypatch):
     # 6 updates of 2 batches each, 4 updates an epoch: the second epoch is cut short.
-    out, argv = tmp_path / "run", ["--steps", "6", "--steps-per-epoch", "4", "--accumulate-steps", "2"]
-    assert _run(out, small, *argv) == 0
+    # No --output-dir: the run goes to runs/, named after its corpus (copy.tsv) and preset.
+    monkeypatch.chdir(tmp_path)
+    out, argv = tmp_path / "runs" / "copy-tiny", ["--steps", "6", "--steps-per-epoch", "4", "--accumulate-steps", "2"]
+    assert cli.main(["train", *small, *argv]) == 0
+    assert ("the run is in runs/copy-tiny: evaluate, translate or export it with --run-dir runs/copy-tiny"
+            in capsys.readouterr().out)
+    # A command that reads a run, given none, names the runs there are (folders with a config).
+    (tmp_path / "runs" / "notes").mkdir()
+    assert cli.main(["translate", "seven"]) == 2
+    assert "No run directory at runs/numbers-tiny: a run directory is what `train` writes (its --output-dir); " \
+           "runs/ holds copy-tiny.\n" in capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 6 and "stopped_early" not in metrics, metrics
     with open(out / "log.csv") as f:
@@ -735,8 +744,7 @@ def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, ca
     with np.load(out / "state" / "state.npz") as data:
         assert int(data["epochs_done"]) == 2 and not bool(data["stopped"])
     assert len(list((out / "checkpoints").glob("*.npz"))) == 2
-    capsys.readouterr()
-    assert _run(out, small, *argv) == 0
+    assert cli.main(["train", *small, *argv]) == 0
     assert "finished at step 6 of 6" in capsys.readouterr().out
 
 
@@ -922,6 +930,27 @@ def test_training_curves_are_drawn_without_touching_matplotlibs_backend(tmp_path
         assert matplotlib.get_backend() == "svg"
     finally:
         matplotlib.use(before)
+
+
+@pytest.mark.parametrize("argv, name", [
+    ([], "numbers-tiny"),
+    (["--preset", "small", "--reverse"], "numbers-reverse-small"),
+    (["--tsv", "data/deu.txt"], "deu-tiny"),
+    (["--tsv", "pairs.tsv.gz", "--preset", "base"], "pairs-base"),
+    (["--source-file", "c/train.en.gz", "--target-file", "c/train.de.gz", "--reverse"], "train.en-de-reverse-tiny"),
+    (["--source-file", "src.txt", "--target-file", "tgt.txt"], "src-tgt-tiny"),
+    (["--tsv", "my data/.de en (v2).tsv"], "de_en__v2_-tiny"),
+])
+def test_a_run_without_output_dir_is_named_after_its_corpus_and_preset(tmp_path, argv, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--tsv", "--source-file", "--target-file"):  # the files, there to be read
+        if flag in argv:
+            path = tmp_path / argv[argv.index(flag) + 1]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("a\tb\n")
+    settings, status = cli.checked(cli.parse(["train", *argv]))
+    assert status is None and settings.output_dir == os.path.join("runs", name)
+    assert cli.checked(cli.parse(["train", *argv, "--output-dir", "mine"]))[0].output_dir == "mine"
 
 
 def test_every_setting_is_a_flag_and_help_prints_each_default_once(capsys):

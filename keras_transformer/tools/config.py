@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
+import re
 import sys
 
 from typing import Callable
@@ -57,6 +59,8 @@ class CorpusKind:
         reads: Other `TrainConfig` fields that only some corpora read (`--holdout`):
             set away from their default for a corpus that does not read them, they are
             refused rather than ignored.
+        name_of: `name_of(config) -> str`, the corpus in a run's default `--output-dir`
+            (`TrainConfig.run_name`): its files' names; `None`: the corpus's `name`.
     """
 
     name: str
@@ -65,6 +69,7 @@ class CorpusKind:
     check: Callable = lambda config: []
     implied_by: tuple = ()
     reads: tuple = ()
+    name_of: Callable | None = None
 
 
 def _corpora():
@@ -78,6 +83,24 @@ def _unreadable(**paths) -> list:
     by flag, found before a backend loads: under `launch`, said once, by the launcher."""
     problems = {name: input_problem(path) for name, path in paths.items()}
     return [f"--{_flag(name)}: {problem}" for name, problem in problems.items() if problem]
+
+
+def _file_name(path) -> str:
+    """A corpus file's name without the suffixes of compression and of text: `deu` for
+    `deu.txt`, `pairs` for `pairs.tsv.gz`, `train.en` for `train.en.gz`."""
+    name = pathlib.PurePath(path).name
+    for suffix in (".gz", ".tsv", ".txt"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _files_name(source, target) -> str:
+    """Two aligned files' names in one: `train.en-de` for `train.en` and `train.de`."""
+    source, target = _file_name(source), _file_name(target)
+    stem, dot, extension = source.rpartition(".")
+    if dot and target.startswith(stem + ".") and "." not in target[len(stem) + 1:]:
+        return f"{stem}.{extension}-{target[len(stem) + 1:]}"
+    return f"{source}-{target}"
 
 
 def _check_numbers(config) -> list:
@@ -98,11 +121,12 @@ CORPORA = {kind.name: kind for kind in (
                lambda c: (_unreadable(source_file=c.source_file, target_file=c.target_file)
                           if c.source_file and c.target_file else
                           ["--source-file and --target-file must be given together"]),
-               implied_by=("source_file", "target_file"), reads=("holdout",)),
+               implied_by=("source_file", "target_file"), reads=("holdout",),
+               name_of=lambda c: _files_name(c.source_file, c.target_file)),
     CorpusKind("tsv", "one tab-separated file of pairs, --tsv",
                lambda c: _corpora().corpus_from_files(tsv=c.tsv, holdout=c.holdout, seed=c.seed),
                lambda c: _unreadable(tsv=c.tsv) if c.tsv else ["--corpus tsv needs --tsv FILE"],
-               implied_by=("tsv",), reads=("holdout",)),
+               implied_by=("tsv",), reads=("holdout",), name_of=lambda c: _file_name(c.tsv)),
 )}
 
 
@@ -300,6 +324,17 @@ class TrainConfig:
             if value is not None and name not in infinite and not ok(value):
                 problems.append(f"--{_flag(name)} must be {text}; got {value}")
         return problems
+
+    def run_name(self) -> str:
+        """The name of the run's default `--output-dir` (under `runs/`): the corpus, then
+        `reverse` for the other direction, then the preset. `numbers-tiny`; `pairs-small`
+        for `--tsv pairs.tsv.gz --preset small`; `train.en-de-reverse-base` for
+        `--source-file train.en --target-file train.de --reverse --preset base`.
+        Characters other than letters, digits, `.`, `-` and `_` become `_`."""
+        kind = CORPORA[self.corpus]
+        corpus = kind.name_of(self) if kind.name_of else kind.name
+        name = "-".join([corpus, *(["reverse"] if self.reverse else []), self.preset])
+        return re.sub(r"[^\w.-]", "_", name).lstrip(".")
 
     def model_config(self) -> dict:
         """The `Transformer`'s arguments: the preset's sizes, then every other setting of

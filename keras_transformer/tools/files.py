@@ -113,12 +113,24 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     model_file = run_dir / "model.keras" if model == "final" else run_dir / "best" / "model.keras"
     if not run_dir.is_dir():
         raise RunDirError(f"No run directory at {run_dir}: a run directory is what `train` writes (its "
-                          "--output-dir).")
+                          f"--output-dir){_runs_beside(run_dir)}.")
     if model == "best" and not model_file.is_file():
         raise RunDirError(f"No best model at {model_file}: only runs trained with --validate-translations keep one.")
     if not model_file.is_file():
         raise RunDirError(f"No model at {model_file} (train first, or give a run directory that finished).")
     return model_file
+
+
+def _runs_beside(run_dir: pathlib.Path) -> str:
+    """`; runs/ holds a, b`: the run directories beside a missing one, to choose from."""
+    parent = run_dir.parent
+    try:
+        runs = sorted(p.name for p in parent.iterdir() if (p / "config.json").is_file())
+    except OSError:  # no such folder, or not one this process may list
+        return ""
+    if not runs:
+        return ""
+    return f"; {parent.as_posix()}/ holds {', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''}"
 
 
 def creation_problem(path, run_dir=None) -> str | None:

@@ -257,6 +257,8 @@ def _finish(model, config, output_dir, corpus, tokenizer, best, last, interrupti
             results = model.evaluate(test_data, return_dict=True, verbose=0, callbacks=[interruptible])
         metrics.update({f"test_{k}": float(v) for k, v in results.items()})
     files.write_json(output_dir / "metrics.json", metrics)
+    print(f"the run is in {output_dir}: evaluate, translate or export it with --run-dir {output_dir}; its metrics:",
+          flush=True)
     print(json.dumps(metrics), flush=True)
     return metrics
 

@@ -102,8 +102,8 @@ def _check_train(command) -> None:
     from keras_transformer.tools import cli
     from keras_transformer.tools.commands import train
 
-    child = cli.parse(command)
-    train.check_run_dir(child.output_dir, train.settings(child))
+    config, output_dir = train.settings(cli.parse(command))
+    train.check_run_dir(output_dir, config)
 
 
 # What stops a run: Ctrl-C, a scheduler's or `kill`'s SIGTERM, a closed terminal's SIGHUP.

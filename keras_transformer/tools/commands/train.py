@@ -35,8 +35,11 @@ def add_parser(sub) -> None:
         _add_setting_flag(steps_or_epochs if field.name == "steps" else groups[group], field)
     steps_or_epochs.add_argument("--epochs", type=at_least(1),
                                  help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
-    p.add_argument("--output-dir", default="runs/numbers-tiny",
-                   help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go.")
+    p.add_argument("--output-dir",
+                   help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go. "
+                        "[default: runs/CORPUS-PRESET: runs/numbers-tiny; runs/deu-small for --tsv deu.txt "
+                        "--preset small; runs/train.en-de-reverse-base for --source-file train.en --target-file "
+                        "train.de --reverse --preset base]")
     p.add_argument("--quiet", action="store_true", help="One line per epoch instead of a progress bar.")
     p.add_argument("--max-minutes", type=at_least(0.001, float), metavar="M",
                    help="Pause at the end of an epoch once another epoch as long would end more than M minutes after "
@@ -70,20 +73,21 @@ def _add_setting_flag(group, field) -> None:
 
 def check(args) -> dict:
     """The run's settings, checked (`RunError` names each wrong flag): its `TrainConfig`
-    (`config`) and this process's place among the run's processes (`cluster`)."""
+    (`config`), its directory (`output_dir`) and this process's place among the run's
+    processes (`cluster`)."""
     end_with_launcher()  # in a process `launch` started: it ends with `launch`
-    config = settings(args)
+    config, output_dir = settings(args)
     # A process of a multi-process run: its settings, from its launcher's variables.
     cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
     if cluster.chief:
-        check_not_busy(args.output_dir)
-    return {"config": config, "cluster": cluster}
+        check_not_busy(output_dir)
+    return {"config": config, "output_dir": output_dir, "cluster": cluster}
 
 
-def settings(args) -> TrainConfig:
-    """The flags as a checked `TrainConfig`, and an `--output-dir` that can be written:
-    what every process of a run checks alike (`launch` checks it once, before it starts
-    them)."""
+def settings(args) -> tuple[TrainConfig, str]:
+    """The flags as a checked `TrainConfig`, and the run's directory (`--output-dir`, or
+    `runs/` and the config's `run_name`), which can be written: what every process of a
+    run checks alike (`launch` checks it once, before it starts them)."""
     corpus = args.corpus or implied_corpus(vars(args))
     steps = args.steps if args.epochs is None else args.epochs * args.steps_per_epoch
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -91,8 +95,9 @@ def settings(args) -> TrainConfig:
     values.update(corpus=corpus, steps=steps)
     config = TrainConfig(**values)
     config.validate()
-    check_writable("--output-dir", args.output_dir)
-    return config
+    output_dir = args.output_dir or os.path.join("runs", config.run_name())
+    check_writable("--output-dir", output_dir)
+    return config, output_dir
 
 
 def check_not_busy(output_dir) -> None:
