@@ -345,9 +345,12 @@ def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
 def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     from keras_transformer.tools.commands import train
 
-    # The config of these flags, written by a version without --norm-first, for the base preset.
+    # The config of these flags, written by a version without --norm-first, for the base preset,
+    # from another folder: the same corpus file by another path (relative, through a link).
     config = train.check(cli.parse(["train", "--output-dir", str(tmp_path), *small, "--steps", "10"]))["config"]
-    saved = {k: v for k, v in dataclasses.asdict(config).items() if k != "norm_first"} | {"preset": "base"}
+    (tmp_path / "link.tsv").symlink_to(config.tsv)
+    saved = {k: v for k, v in dataclasses.asdict(config).items() if k != "norm_first"} | {
+        "preset": "base", "tsv": os.path.relpath(tmp_path / "link.tsv")}
     (tmp_path / "config.json").write_text(json.dumps(saved))
     (tmp_path / "precious.txt").write_text("keep me")
     assert _run(tmp_path, small, "--steps", "10") == 2
@@ -357,6 +360,12 @@ def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     assert "different config (preset: saved 'base', now 'tiny')." in err, err
     assert (tmp_path / "precious.txt").read_text() == "keep me"
     assert json.loads((tmp_path / "config.json").read_text()) == saved
+    # Another file is another setting.
+    other = saved | {"preset": "tiny", "tsv": str(tmp_path / "precious.txt")}
+    (tmp_path / "config.json").write_text(json.dumps(other))
+    assert _run(tmp_path, small, "--steps", "10") == 2
+    assert f"different config (tsv: saved '{tmp_path / 'precious.txt'}', now '{config.tsv}')." in capsys.readouterr().err
+    assert json.loads((tmp_path / "config.json").read_text()) == other
 
 
 def test_an_epoch_is_never_longer_than_the_run():

@@ -13,7 +13,7 @@ import os
 import pathlib
 
 from keras_transformer.tools import files
-from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.config import CORPORA, RunError, TrainConfig
 
 __all__ = ["check_corpus_unchanged", "check_mixed_precision", "check_output_dir", "check_saved_progress",
            "data_statistics", "load_corpus", "prepare", "state_error"]
@@ -21,8 +21,6 @@ __all__ = ["check_corpus_unchanged", "check_mixed_precision", "check_output_dir"
 
 def load_corpus(config: TrainConfig):
     from keras_transformer.tools.text import corpora
-
-    from keras_transformer.tools.config import CORPORA
 
     try:
         corpus = CORPORA[config.corpus].load(config)
@@ -43,6 +41,20 @@ def _own_names() -> set[str]:
     names = set(files.RUN_FILES)
     names |= {files.temporary_path(n).name for n in files.RUN_FILES} | {n + ".old" for n in files.RUN_FILES}
     return names
+
+
+def _same_setting(key: str, saved, now) -> bool:
+    """Whether a saved setting is the one given now: a corpus file named another way (a
+    relative path from another folder, a link) is the same file. (Whether its text
+    changed since is `check_corpus_unchanged`'s question.)"""
+    if saved == now:
+        return True
+    if key not in {name for kind in CORPORA.values() for name in kind.implied_by} or not (saved and now):
+        return False
+    try:
+        return os.path.samefile(saved, now)
+    except OSError:  # one of them is not there (any more): another file
+        return False
 
 
 def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
@@ -76,7 +88,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     differences = [
         f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
         for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key) and key not in unread
+        if not _same_setting(key, saved.get(key), current.get(key)) and key not in unread
     ]
     if differences:
         raise RunError(
