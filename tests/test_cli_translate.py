@@ -52,8 +52,17 @@ def test_evaluate_and_translate(demo, capsys):
     assert scores["sentences"] == 8 and scores["bleu_signature"].startswith("nrefs:1")
     assert printed.splitlines()[0].startswith("sacreBLEU nrefs:1") and "exact match" in printed
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "forty-two", "seven"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("\n") == 2 and printed.endswith("\n")  # one line each, empty or not
+    printed = capsys.readouterr()
+    assert printed.out.count("\n") == 2 and printed.out.endswith("\n")  # one line each, empty or not
+    assert printed.err == ""
+    # A text longer than the run's --max-length is translated, with a warning.
+    longest = json.loads((demo / "run" / "config.json").read_text())["max_length"]
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven " * (longest + 1), "seven"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.count("\n") == 2
+    assert printed.err == (f"keras-transformer translate: warning: 1 of the 2 texts are longer than the longest source "
+                           f"the model was trained on ({longest} tokens, the run's --max-length): their translations "
+                           "may stop short; split long texts into sentences\n")
 
 
 @only_on("torch", "what the flag hands the model is the command's own code; the eager and compiled searches give "

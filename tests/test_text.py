@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import unicodedata
+import warnings
 
 import numpy as np
 import pytest
@@ -572,6 +573,15 @@ def test_a_text_longer_than_max_input_length_is_cut_with_one_warning(tokenizer):
     model.rows = []
     evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=None)  # no limit
     assert sorted(model.rows, key=len) == [ids[1], ids[0]]
+    # Longer than the model was trained on: translated whole, with one warning.
+    model.rows = []
+    with pytest.warns(UserWarning, match=rf"^1 of the 2 texts are longer than the longest source the model was "
+                                         rf"trained on \({limit} tokens, the run's --max-length\): their "):
+        evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=None, trained_length=limit)
+    assert sorted(model.rows, key=len) == [ids[1], ids[0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluation.translate_texts(model, tokenizer, [long, short], trained_length=len(ids[0]))  # none is longer
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

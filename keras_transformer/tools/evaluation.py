@@ -113,7 +113,7 @@ def check_special_ids(model, tokenizer) -> None:
 
 def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
                     batch_size: int | None = None, max_extra_length=MAX_EXTRA_LENGTH, n_best: int = 0,
-                    max_input_length: int | None = MAX_INPUT_LENGTH, compile=True):
+                    max_input_length: int | None = MAX_INPUT_LENGTH, compile=True, trained_length: int | None = None):
     """Translate a list of strings, batched by length; returns strings in input order.
 
     `batch_size` sentences are decoded together; by default (`None`) as many as keep
@@ -124,16 +124,24 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     with `n_best` to `[("", 0.0)]`: one empty translation, so that every text has an entry. A
     text longer than `max_input_length` tokens is cut to its first `max_input_length` (with
     one `UserWarning` for the call; `None`: no limit). `compile` is `Transformer.translate`'s
-    (`False`: the eager search; `"torch.compile"` on PyTorch).
+    (`False`: the eager search; `"torch.compile"` on PyTorch). `trained_length`: the
+    longest source the model was trained on (a run's `--max-length`); texts longer than it
+    are translated, with one `UserWarning` for the call (a model seldom carries a
+    translation past the lengths it saw: a paragraph comes back as its first sentences).
     """
     check_special_ids(model, tokenizer)
-    batch_size, max_input_length = _checks.positive_ints(optional=True, batch_size=batch_size,
-                                                         max_input_length=max_input_length)
+    batch_size, max_input_length, trained_length = _checks.positive_ints(
+        optional=True, batch_size=batch_size, max_input_length=max_input_length, trained_length=trained_length)
     n_best = _checks.counts(n_best=n_best)
     texts = _checks.texts(texts)
     if not texts:
         return []
     ids = _token_ids(tokenizer, texts, max_input_length)
+    if trained_length is not None and max(len(row) for row in ids) > trained_length:
+        warnings.warn(f"{sum(len(row) > trained_length for row in ids)} of the {len(texts)} texts are longer than "
+                      f"the longest source the model was trained on ({trained_length} tokens, the run's "
+                      "--max-length): their translations may stop short; split long texts into sentences",
+                      stacklevel=2)
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     if batch_size is None:
         # One batch size for the whole call: few shapes to compile.

@@ -121,6 +121,15 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     return model_file
 
 
+def run_setting(run_dir, name: str):
+    """One setting of the run in `run_dir` as its `config.json` holds it; `None` when it
+    holds no such setting or cannot be read (a model copied without its config)."""
+    try:
+        return json.loads((pathlib.Path(run_dir) / "config.json").read_text(encoding="utf-8")).get(name)
+    except (OSError, ValueError, AttributeError):  # missing, not UTF-8 or JSON, not an object
+        return None
+
+
 def _runs_beside(run_dir: pathlib.Path) -> str:
     """`; runs/ holds a, b`: the run directories beside a missing one, to choose from."""
     parent = run_dir.parent

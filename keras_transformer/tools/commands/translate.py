@@ -80,10 +80,12 @@ def run(args) -> int:
 
         progress = keras.utils.Progbar(total, unit_name="sentence", verbose=fit_verbosity(args))
     translations, done = [], 0
+    trained_length = files.run_setting(args.run_dir, "max_length")  # for a warning: None if not an int
+    trained_length = trained_length if type(trained_length) is int and trained_length > 0 else None
     for chunk in chunks:
         lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
                                            n_best=args.n_best or 0, max_input_length=args.max_input_length,
-                                           compile=COMPILE_MODES[args.compile])
+                                           compile=COMPILE_MODES[args.compile], trained_length=trained_length)
         if args.n_best:
             lines = [f"{done + i} ||| {text} ||| {score:.4f}"
                      for i, hypotheses in enumerate(lines) for text, score in hypotheses]
