@@ -194,6 +194,9 @@ def test_bad_arguments():
         with pytest.raises(ValueError, match=rf"^`source_ids` must be integer token ids. Received: dtype={dtype}$"):
             model.translate(ids)
     assert model.translate([[5, 6]], max_length=3).shape == (1, 3)  # a list of ints is ids
+    with pytest.raises(ValueError, match=r"^`source_ids` must be a \(batch, length\) array: rows of one length, "
+                                         r"the shorter ones padded with the model's pad_id. Received rows of "):
+        model.translate([[5, 6], [7]])  # NumPy's own message said "inhomogeneous shape"
     vocab_size = model.vocab_size
     for bad in (vocab_size, -1):
         source = _source().copy()

@@ -34,7 +34,11 @@ def _integer_ids(source_ids):
         dtype = keras.backend.standardize_dtype(source_ids.dtype)
         integer = "int" in dtype
     else:
-        source_ids = np.asarray(source_ids)
+        try:
+            source_ids = np.asarray(source_ids)
+        except ValueError:  # NumPy's "inhomogeneous shape": rows of different lengths
+            raise ValueError("`source_ids` must be a (batch, length) array: rows of one length, the shorter ones "
+                             "padded with the model's pad_id. Received rows of different lengths") from None
         dtype = source_ids.dtype
         integer = dtype.kind in "iu"
     if not integer:
