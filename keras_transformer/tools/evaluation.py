@@ -126,8 +126,8 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     one `UserWarning` for the call; `None`: no limit). `compile` is `Transformer.translate`'s
     (`False`: the eager search; `"torch.compile"` on PyTorch). `trained_length`: the
     longest source the model was trained on (a run's `--max-length`); texts longer than it
-    are translated, with one `UserWarning` for the call (a model seldom carries a
-    translation past the lengths it saw: a paragraph comes back as its first sentences).
+    are translated whole, with one `UserWarning` for the call (a model seldom carries a
+    translation past the lengths it saw: a paragraph may come back as one sentence).
     """
     check_special_ids(model, tokenizer)
     batch_size, max_input_length, trained_length = _checks.positive_ints(
