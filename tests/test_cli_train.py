@@ -342,6 +342,35 @@ def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     assert err.count("\n") == 1 and message in err and err.startswith(f"keras-transformer {argv[0]}: error:"), err
 
 
+@pytest.mark.parametrize("command, flag", [
+    ("train", "--tsv"), ("train", "--source-file"), ("train", "--target-file"), ("train", "--output-dir"),
+    ("evaluate", "--run-dir"), ("evaluate", "--source-file"), ("evaluate", "--target-file"),
+    ("evaluate", "--hypotheses"), ("translate", "--run-dir"), ("translate", "--input"), ("translate", "--output"),
+    ("export", "--run-dir"), ("export", "--output"), ("demo", "--output-dir"),
+])
+def test_every_flag_that_names_a_file_refuses_an_empty_name(command, flag, capsys):
+    # `--tsv "$CORPUS"` with the variable unset trained the numbers corpus; an empty
+    # `--output-dir` or `--hypotheses` was the default, an empty `--output` of export an
+    # internal error.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse([command, f"{flag}=", *(["x"] if command == "translate" else [])])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (f"keras-transformer {command}: error: argument {flag}: expected a file or folder name, got '' "
+                   f"(see keras-transformer {command} --help)\n")
+
+
+@pytest.mark.parametrize("settings", [dict(tsv=""), dict(corpus="tsv", tsv=""),
+                                      dict(source_file="", target_file="x.de")])
+def test_a_config_with_an_empty_file_name_is_refused(settings):
+    from keras_transformer.tools.config import RunError, TrainConfig
+
+    # TrainConfig(tsv="") trained the numbers corpus: an empty name read as no file.
+    name = next(key for key, value in settings.items() if value == "")
+    with pytest.raises(RunError, match=f"^--{name.replace('_', '-')} must name a file; got ''.$"):
+        TrainConfig(**settings).validate()
+
+
 def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     from keras_transformer.tools.commands import train
 

@@ -289,6 +289,9 @@ class TrainConfig:
         `--holdout` with the numbers corpus, `--min-frequency` with SentencePiece)."""
         if self.corpus not in CORPORA:
             return [f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}"]
+        empty = [name for kind in CORPORA.values() for name in kind.implied_by if getattr(self, name) == ""]
+        if empty:  # not "no file" (an unset variable in `--tsv "$CORPUS"`): the parser refuses it too
+            return [f"--{_flag(name)} must name a file; got ''" for name in empty]
         problems = list(CORPORA[self.corpus].check(self))
         for kind in CORPORA.values():
             problems += [f"--{_flag(name)} is read by --corpus {kind.name}, and this run reads --corpus "

@@ -94,7 +94,7 @@ def add_command(sub, name: str, help: str, description: str) -> argparse.Argumen
 
 
 def run_dir_flag(p) -> None:
-    p.add_argument("--run-dir", default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--run-dir", type=path, default="runs/numbers-tiny", help="A directory written by `train`.")
     p.add_argument("--model", choices=["final", "best"], default="final",
                    help="final: RUN_DIR/model.keras (checkpoints averaged). best: RUN_DIR/best/model.keras, the "
                         "epoch with the best validation BLEU (runs trained with --validate-translations).")
@@ -115,6 +115,14 @@ def _parse_integer(text: str) -> int:
     if not (digits.isascii() and digits.isdigit()):
         raise ValueError(text)
     return int(stripped)
+
+
+def path(text: str) -> str:
+    """An argparse type: a file or folder name, refused when empty (`--tsv "$CORPUS"` with
+    the variable unset read as no flag at all, or as the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file or folder name, got ''")
+    return text
 
 
 def integer(text: str) -> int:

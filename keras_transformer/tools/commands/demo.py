@@ -7,7 +7,7 @@ import os
 import pathlib
 import sys
 
-from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer, path
 from keras_transformer.tools.commands.export import serving_instructions
 from keras_transformer.tools.commands.train import check_run_dir
 from keras_transformer.tools.config import RunError, TrainConfig
@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
                     "held-out BLEU and exact match with beam search, export the SavedModel, reload "
                     "it with plain tf.saved_model.load and translate held-out numbers.",
     )
-    p.add_argument("--output-dir", default="artifacts", help="Run directory, SavedModel and demo.json go here.")
+    p.add_argument("--output-dir", type=path, default="artifacts",
+                   help="Run directory, SavedModel and demo.json go here.")
     p.add_argument("--eval-size", type=at_least(1), default=1000, help="Held-out numbers to translate and score, "
                         "and validation numbers checked during training (at most 1,000 each).")
     p.add_argument("--steps", type=at_least(1), help="Training steps, for a quick look. [default: as `train`]")

@@ -7,7 +7,7 @@ import pathlib
 
 from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
                                                       check_writable, decoding_flags, load_run, quantize_flag,
-                                                      run_dir_flag)
+                                                      path, run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.files import input_problem, run_model_file
 
@@ -23,10 +23,11 @@ def add_parser(sub) -> None:
     run_dir_flag(p)
     p.add_argument("--split", choices=["test", "validation"],
                    help="Which split of the run's corpus to translate. [default: test]")
-    p.add_argument("--source-file", help="Evaluate on these sources instead of the run's split ...")
-    p.add_argument("--target-file", help="... with these references.")
+    p.add_argument("--source-file", type=path, help="Evaluate on these sources instead of the run's split ...")
+    p.add_argument("--target-file", type=path, help="... with these references.")
     p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
-    p.add_argument("--hypotheses", help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
+    p.add_argument("--hypotheses", type=path,
+                   help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
     decoding_flags(p)
     quantize_flag(p, "translating")
     p.set_defaults(handler=run, check=check)

@@ -7,7 +7,7 @@ import pathlib
 
 from keras_transformer.defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_INPUT_LENGTH
 from keras_transformer.tools.commands.common import (add_command, check_writable, decoding_flags, load_run,
-                                                      quantize_flag, run_dir_flag)
+                                                      path, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError
 from keras_transformer.tools.files import replacement_problem, run_model_file, tokenizer_kind
 
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                     "model directory with the run's SentencePiece model.",
     )
     run_dir_flag(p)
-    p.add_argument("--output", default="artifacts/translator", help="Directory to write.")
+    p.add_argument("--output", type=path, default="artifacts/translator", help="Directory to write.")
     p.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
                    help="savedmodel: TensorFlow Serving, strings in and out. ctranslate2: the CTranslate2 "
                         "engine (needs the `ctranslate2` extra; SentencePiece runs only).")
@@ -59,8 +59,8 @@ def check(args) -> None:
             raise RunError("--format ctranslate2 needs the ctranslate2 package: pip install "
                            "'keras-transformer[ctranslate2]'") from None
         if args.quantization is not None and args.quantization not in known:
-            raise RunError(f"--quantization {args.quantization} is not a CTranslate2 weight type; "
-                           f"known: {', '.join(known)}")
+            raise RunError(f"--quantization {args.quantization or repr(args.quantization)} is not a CTranslate2 "
+                           f"weight type; known: {', '.join(known)}")
         kind = tokenizer_kind(pathlib.Path(args.run_dir) / "tokenizer")
         if kind is not None:  # unreadable: loading the run reports that
             try:

@@ -7,7 +7,7 @@ import os
 import pathlib
 
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
-from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer
+from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer, path
 from keras_transformer.tools.commands.launch import end_with_launcher
 from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
 from keras_transformer.tools.files import lock_held
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
         _add_setting_flag(steps_or_epochs if field.name == "steps" else groups[group], field)
     steps_or_epochs.add_argument("--epochs", type=at_least(1),
                                  help="Instead of --steps: this many epochs of --steps-per-epoch steps.")
-    p.add_argument("--output-dir",
+    p.add_argument("--output-dir", type=path,
                    help="Where the vocabulary, config, checkpoints, model.keras, logs and curves.png go. "
                         "[default: runs/CORPUS-PRESET: runs/numbers-tiny; runs/deu-small for --tsv deu.txt "
                         "--preset small; runs/train.en-de-reverse-base for --source-file train.en --target-file "
@@ -68,6 +68,8 @@ def _add_setting_flag(group, field) -> None:
     kind = meta.pop("type", None) or type(field.default)
     if kind is int:
         kind = integer  # ASCII digits, at most MAX_INT: the rule of every integer flag
+    elif kind is str and "choices" not in meta:
+        kind = path  # a file: not empty
     group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
 
 

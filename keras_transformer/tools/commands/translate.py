@@ -10,7 +10,7 @@ import sys
 
 from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
                                                       check_writable, decoding_flags, fit_verbosity, load_run,
-                                                      quantize_flag, run_dir_flag)
+                                                      path, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError, say
 from keras_transformer.tools.files import run_model_file
 
@@ -25,10 +25,10 @@ def add_parser(sub) -> None:
                     "Standard input is translated as it comes, in chunks; from a terminal, line by line.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT")
-    p.add_argument("--input", metavar="FILE",
+    p.add_argument("--input", type=path, metavar="FILE",
                    help="Translate the lines of this file (plain or .gz, or a pipe such as <(command), read as "
                         "it comes; '-': standard input).")
-    p.add_argument("--output", metavar="FILE",
+    p.add_argument("--output", type=path, metavar="FILE",
                    help="Write the translations to this file (in place once all are done) and show progress "
                         "('-': standard output, as without --output).")
     p.add_argument("--n-best", type=at_least(1), metavar="K",
