@@ -97,7 +97,7 @@ def settings(args) -> tuple[TrainConfig, str]:
     values.update(corpus=corpus, steps=steps)
     config = TrainConfig(**values)
     config.validate()
-    output_dir = args.output_dir or os.path.join("runs", config.run_name())
+    output_dir = os.path.join("runs", config.run_name()) if args.output_dir is None else args.output_dir
     check_writable("--output-dir", output_dir)
     return config, output_dir
 
