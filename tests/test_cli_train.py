@@ -768,8 +768,10 @@ def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, ca
     monkeypatch.chdir(tmp_path)
     out, argv = tmp_path / "runs" / "copy-tiny", ["--steps", "6", "--steps-per-epoch", "4", "--accumulate-steps", "2"]
     assert cli.main(["train", *small, *argv]) == 0
-    assert ("the run is in runs/copy-tiny: evaluate, translate or export it with --run-dir runs/copy-tiny"
-            in capsys.readouterr().out)
+    out_lines = capsys.readouterr().out.splitlines()
+    assert "a new run in runs/copy-tiny: stopped or killed, the same command resumes it" in out_lines
+    assert ("the run is in runs/copy-tiny: evaluate, translate or export it with --run-dir runs/copy-tiny; its "
+            "metrics:") in out_lines
     # A command that reads a run, given none, names the runs there are (folders with a config).
     (tmp_path / "runs" / "notes").mkdir()
     assert cli.main(["translate", "seven"]) == 2
@@ -783,7 +785,8 @@ def test_steps_that_are_not_whole_epochs_are_trained_exactly(tmp_path, small, ca
         assert int(data["epochs_done"]) == 2 and not bool(data["stopped"])
     assert len(list((out / "checkpoints").glob("*.npz"))) == 2
     assert cli.main(["train", *small, *argv]) == 0
-    assert "finished at step 6 of 6" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "finished at step 6 of 6" in out and "a new run" not in out
 
 
 @only_on("torch", "`stop_training` from a callback is Keras' rule on every backend; what `train` reports "

@@ -147,6 +147,7 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose, pause) -> di
             held.enter_context(files.lock(output_dir / "train.lock", busy))
             if not resuming:
                 files.write_json(output_dir / "config.json", dataclasses.asdict(config))
+                print(f"a new run in {output_dir}: stopped or killed, the same command resumes it", flush=True)
             if not (output_dir / "tokenizer").is_dir() or not resuming:
                 tokenizer.save(output_dir / "tokenizer")
             files.write_json(output_dir / "data.json", data)
