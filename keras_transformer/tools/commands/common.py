@@ -94,7 +94,8 @@ def add_command(sub, name: str, help: str, description: str) -> argparse.Argumen
 
 
 def run_dir_flag(p) -> None:
-    p.add_argument("--run-dir", type=path, default="runs/numbers-tiny", help="A directory written by `train`.")
+    p.add_argument("--run-dir", type=path, default="runs/numbers-tiny",
+                   help="A directory written by `train` (its --output-dir, which it prints when it starts and ends).")
     p.add_argument("--model", choices=["final", "best"], default="final",
                    help="final: RUN_DIR/model.keras (checkpoints averaged). best: RUN_DIR/best/model.keras, the "
                         "epoch with the best validation BLEU (runs trained with --validate-translations).")
