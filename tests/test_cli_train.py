@@ -981,6 +981,8 @@ def test_training_curves_are_drawn_without_touching_matplotlibs_backend(tmp_path
     (["--source-file", "c/train.en.gz", "--target-file", "c/train.de.gz", "--reverse"], "train.en-de-reverse-tiny"),
     (["--source-file", "src.txt", "--target-file", "tgt.txt"], "src-tgt-tiny"),
     (["--tsv", "my data/.de en (v2).tsv"], "de_en__v2_-tiny"),
+    (["--tsv", "d/.gz"], "tsv-tiny"),  # no letter or digit left: the corpus's name
+    (["--source-file", "s/.txt", "--target-file", "t/.txt"], "files-tiny"),
 ])
 def test_a_run_without_output_dir_is_named_after_its_corpus_and_preset(tmp_path, argv, name, monkeypatch):
     monkeypatch.chdir(tmp_path)

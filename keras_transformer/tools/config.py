@@ -333,11 +333,13 @@ class TrainConfig:
         `reverse` for the other direction, then the preset. `numbers-tiny`; `pairs-small`
         for `--tsv pairs.tsv.gz --preset small`; `train.en-de-reverse-base` for
         `--source-file train.en --target-file train.de --reverse --preset base`.
-        Characters other than letters, digits, `.`, `-` and `_` become `_`."""
+        Characters other than letters, digits, `.`, `-` and `_` become `_`; a file whose name
+        leaves no letter or digit (`.gz`) gives the corpus's name (`tsv`)."""
         kind = CORPORA[self.corpus]
-        corpus = kind.name_of(self) if kind.name_of else kind.name
-        name = "-".join([corpus, *(["reverse"] if self.reverse else []), self.preset])
-        return re.sub(r"[^\w.-]", "_", name).lstrip(".")
+        corpus = re.sub(r"[^\w.-]", "_", kind.name_of(self) if kind.name_of else "").lstrip(".")
+        if not any(c.isalnum() for c in corpus):
+            corpus = kind.name
+        return "-".join([corpus, *(["reverse"] if self.reverse else []), self.preset])
 
     def model_config(self) -> dict:
         """The `Transformer`'s arguments: the preset's sizes, then every other setting of
