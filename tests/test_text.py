@@ -247,9 +247,17 @@ def test_tokenizer_bad_input():
         with pytest.raises(ValueError,
                            match=rf"`pad_id` must be a token id in \[0, vocab_size=50\). Received: pad_id={bad}"):
             Tokenizer.build(["a b c"], vocab_size=50, min_frequency=1, pad_id=bad)
-    # More distinct characters than the vocabulary can hold.
-    with pytest.raises(ValueError, match="raise the vocabulary size"):
+    # More distinct characters than the vocabulary can hold: the size that holds them is
+    # named (SentencePiece's own words named its trainer's flags, not ours), and it is enough.
+    with pytest.raises(ValueError, match=r"from 1 texts: the texts' distinct characters and the reserved tokens need "
+                                         r"(\d+) pieces, one each\. .* raise the vocabulary size to at least \d+\.$"
+                       ) as error:
         Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=10)
+    needed = int(re.search(r"at least (\d+)", str(error.value)).group(1))
+    assert needed > 26 + 4  # the letters, the reserved tokens and SentencePiece's word boundary
+    assert Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=needed).vocab_size == needed
+    with pytest.raises(ValueError, match=rf"to at least {needed}\.$"):
+        Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=needed - 1)
 
 
 def test_dense_conveniences_refuse_what_is_not_texts_or_token_ids(tokenizer):

@@ -8,6 +8,7 @@ import functools
 import io
 import os
 import pathlib
+import re
 import tempfile
 import unicodedata
 
@@ -99,9 +100,15 @@ def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_
                 minloglevel=2,
             )
         except RuntimeError as e:
+            # "Vocabulary size is smaller than required_chars. 6 vs 37. Increase vocab_size or decrease
+            # character_coverage with --character_coverage option.": its flags are not ours.
+            needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)\.", str(e))
+            reason = (f"the texts' distinct characters and the reserved tokens need {needed.group(1)} pieces, one "
+                      "each" if needed else str(e))
             raise ValueError(
-                f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: {e}. "
-                "A vocabulary must hold every character of the text; raise the vocabulary size."
+                f"SentencePiece could not learn a vocabulary of {vocab_size} pieces from {len(texts)} texts: "
+                f"{reason}. A vocabulary must hold every character of the text; raise the vocabulary size"
+                + (f" to at least {needed.group(1)}." if needed else ".")
             ) from None
     return model.getvalue()
 
