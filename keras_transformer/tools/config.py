@@ -130,6 +130,10 @@ CORPORA = {kind.name: kind for kind in (
 )}
 
 
+# The settings that name a corpus file (`--tsv`, `--source-file`, `--target-file`).
+CORPUS_FILES = tuple(dict.fromkeys(name for kind in CORPORA.values() for name in kind.implied_by))
+
+
 def implied_corpus(values: dict) -> str:
     """The corpus that `values` (settings by field name) imply when `--corpus` is not
     given: the first whose `implied_by` fields are set, else `numbers`."""
@@ -289,7 +293,7 @@ class TrainConfig:
         `--holdout` with the numbers corpus, `--min-frequency` with SentencePiece)."""
         if self.corpus not in CORPORA:
             return [f"--corpus must be one of {', '.join(CORPORA)}; got {self.corpus!r}"]
-        empty = [name for kind in CORPORA.values() for name in kind.implied_by if getattr(self, name) == ""]
+        empty = [name for name in CORPUS_FILES if getattr(self, name) == ""]
         if empty:  # not "no file" (an unset variable in `--tsv "$CORPUS"`): the parser refuses it too
             return [f"--{_flag(name)} must name a file; got ''" for name in empty]
         problems = list(CORPORA[self.corpus].check(self))

@@ -136,12 +136,7 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     texts = _checks.texts(texts)
     if not texts:
         return []
-    ids = _token_ids(tokenizer, texts, max_input_length)
-    if trained_length is not None and max(len(row) for row in ids) > trained_length:
-        warnings.warn(f"{sum(len(row) > trained_length for row in ids)} of the {len(texts)} texts are longer than "
-                      f"the longest source the model was trained on ({trained_length} tokens, the run's "
-                      "--max-length): their translations may stop short; split long texts into sentences",
-                      stacklevel=2)
+    ids = _token_ids(tokenizer, texts, max_input_length, trained_length)
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     if batch_size is None:
         # One batch size for the whole call: few shapes to compile.
@@ -173,9 +168,10 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     return results
 
 
-def _token_ids(tokenizer, texts: list, max_input_length: int | None) -> list:
+def _token_ids(tokenizer, texts: list, max_input_length: int | None, trained_length: int | None) -> list:
     """Each text's token ids (one tokenizer call for all, ragged: a long line does not pad
-    every other one), cut to `max_input_length` with one `UserWarning` for the call."""
+    every other one), cut to `max_input_length` with one `UserWarning` for the call, and one
+    more for the texts longer than `trained_length` (`translate_texts`)."""
     import tensorflow as tf  # the tokenizer's ops
 
     ragged = tokenizer.tokenize(tf.constant(texts, tf.string))
@@ -186,6 +182,11 @@ def _token_ids(tokenizer, texts: list, max_input_length: int | None) -> list:
                       f"max_input_length={max_input_length} tokens (the longest: {int(lengths.max()):,}) and were "
                       f"cut to their first {max_input_length}; split long texts into sentences", stacklevel=3)
         ids = [row[:max_input_length] for row in ids]
+    longer = 0 if trained_length is None else sum(len(row) > trained_length for row in ids)
+    if longer:
+        warnings.warn(f"{longer} of the {len(texts)} texts are longer than the longest source the model was trained "
+                      f"on ({trained_length} tokens, the run's --max-length): their translations may stop short; "
+                      "split long texts into sentences", stacklevel=3)
     return ids
 
 

@@ -13,7 +13,7 @@ import os
 import pathlib
 
 from keras_transformer.tools import files
-from keras_transformer.tools.config import CORPORA, RunError, TrainConfig
+from keras_transformer.tools.config import CORPORA, CORPUS_FILES, RunError, TrainConfig
 
 __all__ = ["check_corpus_unchanged", "check_mixed_precision", "check_output_dir", "check_saved_progress",
            "data_statistics", "load_corpus", "prepare", "state_error"]
@@ -49,7 +49,7 @@ def _same_setting(key: str, saved, now) -> bool:
     changed since is `check_corpus_unchanged`'s question.)"""
     if saved == now:
         return True
-    if key not in {name for kind in CORPORA.values() for name in kind.implied_by} or not (saved and now):
+    if key not in CORPUS_FILES or not (saved and now):
         return False
     try:
         return os.path.samefile(saved, now)
