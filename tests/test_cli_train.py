@@ -157,6 +157,25 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
         assert re.search(message, capsys.readouterr().err)
         assert (_snapshot(out) if out.is_dir() else out.read_bytes()) == before
     assert (foreign / "x.tmp").is_dir()
+    # A run that lost its config.json: trained into again, it was a new run over the old
+    # one's files (its config written anew, its vocabulary learned again); a config that is
+    # JSON but no object of settings was an internal error.
+    lost = tmp_path / "lost"
+    for name in ("checkpoints", "tokenizer"):
+        (lost / name).mkdir(parents=True)
+        (lost / name / "kept").write_text("saved")
+    (lost / "train.lock").write_text("")
+    for config, message in ((None, rf"{lost / 'config.json'} is missing, but {lost} holds a run's files "
+                                   r"\(checkpoints, tokenizer\)\. A run writes its config.json first: restore it"),
+                            ("[]", r"config.json is not a run config \(JSON \[\], not an object of settings\); restore"),
+                            ("null", r"config.json is not a run config \(JSON null, not an object of settings\)")):
+        if config is not None:
+            (lost / "config.json").write_text(config)
+        before = _snapshot(lost)
+        assert _run(lost, small) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(message, err), err
+        assert _snapshot(lost) == before
 
 
 def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(tmp_path, monkeypatch, capsys):

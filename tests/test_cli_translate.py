@@ -585,3 +585,24 @@ def test_checking_a_command_leaves_its_parsed_flags_as_they_were(demo, tmp_path)
         before = dict(vars(args))
         assert cli.check(args) is None, argv
         assert vars(args) == before, argv  # what check derives goes to run, not into the flags
+
+
+def test_evaluate_names_a_missing_or_damaged_run_config_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # A run's split is read again as its config.json names the corpus. Missing, it was a
+    # FileNotFoundError quoted in the line, after the model had loaded.
+    from keras_transformer.tools.commands import evaluate
+
+    monkeypatch.setattr(evaluate, "load_run", lambda args: pytest.fail("the model was loaded"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.keras").write_bytes(b"")
+    config = run / "config.json"
+    for text, says in ((None, f"{config} is missing: --split validation reads the run's corpus as it names it. "
+                              "Restore it from a copy of the run directory, or give --source-file and --target-file."),
+                       ("[]", f"{config} is not a run config (TypeError: "),
+                       ('{"steps": 10, "colour": "red"}', f"{config} is not a run config (TypeError: ")):
+        if text is not None:
+            config.write_text(text)
+        assert cli.main(["evaluate", "--run-dir", str(run), "--split", "validation"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"keras-transformer evaluate: error: {says}"), err

@@ -43,6 +43,10 @@ def _own_names() -> set[str]:
     return names
 
 
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
 def _same_setting(key: str, saved, now) -> bool:
     """Whether a saved setting is the one given now: a corpus file named another way (a
     relative path from another folder, a link) is the same file. (Whether its text
@@ -67,18 +71,30 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
         raise RunError(f"--output-dir {directory}: {problem}.")
     config_file = directory / "config.json"
     if not config_file.exists():
-        foreign = sorted(set(os.listdir(directory)) - _own_names()) if directory.is_dir() else []
+        held = set(os.listdir(directory)) if directory.is_dir() else set()
+        foreign = sorted(held - _own_names())
         if foreign:
-            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise RunError(
-                f"--output-dir {directory} is not empty and holds no run ({shown}); "
+                f"--output-dir {directory} is not empty and holds no run ({_some(foreign)}); "
                 "choose a new or empty directory."
+            )
+        # A run writes its config first: only the lock and the config's temporary name are
+        # there before it. A run's files without it are a run that lost its settings, which
+        # a new run would overwrite (its vocabulary learned again under the saved weights).
+        trained = sorted(held & set(files.RUN_FILES) - {"train.lock"})
+        if trained:
+            raise RunError(
+                f"{config_file} is missing, but {directory} holds a run's files ({_some(trained)}). A run writes "
+                "its config.json first: restore it from a copy of the run directory, or choose another --output-dir."
             )
         return False
     try:
         saved = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{config_file} is not a run config ({e}); choose another --output-dir.") from None
+        if not isinstance(saved, dict):
+            raise ValueError(f"JSON {json.dumps(saved)[:40]}, not an object of settings")
+    except ValueError as e:  # not UTF-8, not JSON, not an object
+        raise RunError(f"{config_file} is not a run config ({e}); restore it from a copy of the run directory, "
+                       "or choose another --output-dir.") from None
     current = dataclasses.asdict(config)
     # A setting added after the run was written has its default there; one the run's
     # corpus does not read (an older version kept `--holdout` with the numbers corpus) is

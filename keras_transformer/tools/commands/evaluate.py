@@ -51,13 +51,25 @@ def check(args) -> dict:
     check_writable("--hypotheses", hypotheses, args.run_dir)
     check_not_an_input("--hypotheses", hypotheses, {"--source-file": args.source_file, "--target-file": args.target_file})
     run_model_file(args.run_dir, args.model)
-    return {"hypotheses": hypotheses, "split": split}
+    config = None if args.source_file else _run_config(pathlib.Path(args.run_dir) / "config.json", split)
+    return {"hypotheses": hypotheses, "split": split, "config": config}
+
+
+def _run_config(config_file: pathlib.Path, split: str) -> TrainConfig:
+    """The run's settings, which name the corpus whose `split` is evaluated."""
+    import json
+
+    try:
+        return TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise RunError(f"{config_file} is missing: --split {split} reads the run's corpus as it names it. "
+                       "Restore it from a copy of the run directory, or give --source-file and --target-file."
+                       ) from None
+    except (OSError, ValueError, TypeError) as e:
+        raise RunError(f"{config_file} is not a run config ({type(e).__name__}: {e}).") from None
 
 
 def run(args) -> int:
-    import json
-    import pathlib
-
     from keras_transformer.tools import evaluation
     from keras_transformer.tools.text import corpora
     from keras_transformer.tools.run_setup import check_corpus_unchanged, load_corpus
@@ -68,11 +80,7 @@ def run(args) -> int:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file, streams=True)
         name = "files"
     else:
-        config_file = pathlib.Path(args.run_dir) / "config.json"
-        try:
-            config = TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as e:
-            raise RunError(f"{config_file} is not a run config ({type(e).__name__}: {e}).") from None
+        config, config_file = args.config, pathlib.Path(args.run_dir) / "config.json"
         try:
             corpus = load_corpus(config)
         except RunError as e:  # a corpus file moved, or a relative path read from another directory
