@@ -59,7 +59,9 @@ def _bad_input_cases(tmp_path):
         (["--tsv", write("nul.tsv", b"a\tb\nc\t\x00\n")], r"nul.tsv, line 2: a NUL byte, which text never holds"),
         # Windows' "Unicode" text: every other byte is NUL, which said "binary data, not text".
         (["--tsv", write("utf16.tsv", "a\tb\n".encode("utf-16"))], r"utf16.tsv is UTF-16 text .*: save it as UTF-8$"),
-        (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 empty lines skipped"),
+        (["--tsv", write("empty.tsv", "\n\n")], r"empty.*2 lines with an empty side skipped"),
+        # A source column without its translations: they were called empty lines.
+        (["--tsv", write("sources.tsv", "a\t\nb\t \n")], r"empty.*2 lines with an empty side skipped"),
         (["--tsv", str(tmp_path)], r"is a directory, not a file"),
         # A name in another encoding (Python keeps its bytes as surrogates) failed writing config.json.
         (["--tsv", "caf\udce9.tsv"], r"error: --tsv is not UTF-8: b'caf\\xe9.tsv'; .* rename the file"),

@@ -260,7 +260,8 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     kept, dropped = counts["train_pairs"], counts["train_too_long"]
     summary = (
         f"training pairs: {kept} kept, {dropped} longer than --max-length {max_length} dropped, "
-        f"{corpus.skipped_empty} empty skipped; [UNK] is {counts['train_unk_rate']:.2%} of the training tokens"
+        f"{corpus.skipped_empty} with an empty side skipped; "
+        f"[UNK] is {counts['train_unk_rate']:.2%} of the training tokens"
     )
     if counts["train_unk_rate"] > UNK_WARNING:
         summary += (
@@ -272,7 +273,7 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     if kept < MIN_TRAIN_PAIRS:
         raise RunError(
             f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "
-            f"{corpus.skipped_empty} empty skipped); at least {MIN_TRAIN_PAIRS} are needed. "
+            f"{corpus.skipped_empty} with an empty side skipped); at least {MIN_TRAIN_PAIRS} are needed. "
             "Raise --max-length or give a larger corpus."
         )
     return {**counts, "summary": summary}

@@ -68,7 +68,7 @@ class Corpus:
     def summary(self) -> str:
         return (
             f"{self.description}: {len(self.train)} train, {len(self.validation)} validation, "
-            f"{len(self.test)} test pairs; {self.skipped_empty} empty lines skipped, "
+            f"{len(self.test)} test pairs; {self.skipped_empty} {_EMPTY}, "
             f"{self.duplicates_dropped} repeated pairs dropped"
         )
 
@@ -318,6 +318,10 @@ def read_tsv(path) -> tuple[list[Pair], int]:
     return _drop_empty(pairs)
 
 
+# What `_drop_empty` counts: blank lines, and lines (or line pairs) with one side blank.
+_EMPTY = "lines with an empty side skipped"
+
+
 def _drop_empty(pairs) -> tuple[list[Pair], int]:
     kept, skipped = [], 0
     for s, t in pairs:
@@ -345,7 +349,7 @@ def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_
     """
     if not pairs:
         raise CorpusError(f"The corpus is empty{': ' + description if description else ''} "
-                          f"({skipped_empty} empty lines skipped).")
+                          f"({skipped_empty} {_EMPTY}).")
     distinct = list(dict.fromkeys(pairs))
     duplicates = len(pairs) - len(distinct)
     if 2 * holdout > len(distinct) / 3:
