@@ -956,6 +956,17 @@ def test_a_corpus_changed_since_the_run_started_is_refused_on_resume_and_by_eval
         assert err.count("\n") == 1 and "The corpus (TSV copy.tsv (split seed 0)) is not the one the run in run " \
                                          "started with" in err, err
     assert _snapshot(tmp_path / "run") == before
+    # A data record that cannot be read was taken for an older run's, which kept no digest:
+    # the corpus went unchecked, and train wrote the record anew from the corpus given.
+    for damaged, says in (("{", "JSONDecodeError"), ("[]", "ValueError: JSON [], not an object")):
+        (tmp_path / "run" / "data.json").write_text(damaged)
+        before = _snapshot(tmp_path / "run")
+        for argv in (["train", "--output-dir", "run", *args], ["evaluate", "--run-dir", "run", "--limit", "2"]):
+            assert cli.main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"error: run/data.json is not the run's data record ({says}" in err, err
+            assert "restore it from a copy of the run directory, or remove it to go on without that check." in err
+        assert _snapshot(tmp_path / "run") == before
     # From another directory, the relative path in config.json names no file: said so.
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")

@@ -415,6 +415,7 @@ def test_the_command_line_is_quiet_and_reads_any_line_ending(demo, tmp_path):
     # A user's TF_CPP_MIN_LOG_LEVEL=2 (as in CI) asks for quiet too; the error (found once
     # the backend has loaded: the model file is not one) is one line.
     (tmp_path / "model.keras").write_text("not a model")
+    (tmp_path / "config.json").write_bytes((demo / "run" / "config.json").read_bytes())  # read before the model
     result = _console("evaluate", "--run-dir", str(tmp_path), env_set={"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 2 and _noise(result.stderr) == [], result.stderr.decode()[-2000:]
     last = result.stderr.decode().strip().splitlines()[-1]

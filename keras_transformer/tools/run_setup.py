@@ -150,11 +150,20 @@ def check_corpus_unchanged(directory: pathlib.Path, corpus) -> None:
     started with (`data.json`'s `train_digest`): a corpus file edited since then splits
     differently, so pairs held out before could be trained on, or scored as unseen. (The
     held-out splits may be cut shorter, as `demo --eval-size` does.) A run of a version
-    that kept no digest is not checked."""
+    that kept no digest is not checked; a record that cannot be read is refused (train
+    would write it anew from the corpus given, and the check would be lost unseen)."""
+    path = directory / "data.json"
     try:
-        saved = json.loads((directory / "data.json").read_text(encoding="utf-8")).get("train_digest")
-    except (OSError, ValueError, AttributeError):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise ValueError(f"JSON {json.dumps(record)[:40]}, not an object")
+    except FileNotFoundError:
         return
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path} is not the run's data record ({type(e).__name__}: {e}). It holds the digest that "
+                       "tells whether the corpus is the one the run started with: restore it from a copy of the run "
+                       "directory, or remove it to go on without that check.") from None
+    saved = record.get("train_digest")
     if saved is not None and saved != corpus.digest(["train"]):
         raise RunError(
             f"The corpus ({corpus.description}) is not the one the run in {directory} started with: its training "
