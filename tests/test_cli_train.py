@@ -355,6 +355,9 @@ def test_version_is_the_installed_distributions(capsys):
     (["train", "--mixed-precision", "float8"], "argument --mixed-precision: invalid choice: 'float8'"),
     (["train", "--tokenizer", "bpe"], "argument --tokenizer: invalid choice: 'bpe'"),
     (["translate", "--model", "last", "x"], "argument --model: invalid choice: 'last'"),
+    # A flag the command lacks was said in the program's name, pointing at its --help.
+    (["train", "--beam-size", "4"], "unrecognized arguments: --beam-size 4 (see keras-transformer train --help)"),
+    (["export", "--run-dir", "r", "extra"], "unrecognized arguments: extra (see keras-transformer export --help)"),
 ])
 def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -28,8 +28,19 @@ from keras_transformer.tools.files import RunDirError
 class _Parser(argparse.ArgumentParser):
     """Usage mistakes are one line, `keras-transformer COMMAND: error: ...`, and status 2."""
 
+    commands: dict[str, argparse.ArgumentParser] = {}  # the parser of each command, by name
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # A flag the command lacks is the command's mistake: argparse would say it in the
+        # name of the whole program (`keras-transformer: error: ...`, see its --help).
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in commands.COMMANDS:
         command.add_parser(sub)
+    parser.commands = sub.choices
     return parser
 
 
