@@ -1,5 +1,6 @@
 """`keras-transformer demo`, `evaluate`, `translate` and `export` on a short run."""
 
+import gzip
 import io
 import json
 import os
@@ -132,6 +133,17 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"seven\nforty-two\n")))
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", "-", "--output", "-"]) == 0
     assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]] and not (pathlib.Path.cwd() / "-").exists()
+    # An output named .gz is gzip-compressed, as an input so named is read (it was plain
+    # text under a .gz name, which --input then refused as a broken gzip file); so are
+    # evaluate's hypotheses.
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", str(source),
+                     "--output", str(tmp_path / "de.txt.gz")]) == 0
+    assert gzip.decompress((tmp_path / "de.txt.gz").read_bytes()).decode("utf-8") == output.read_text("utf-8")
+    assert cli.main(["translate", "--run-dir", run, "--input", str(tmp_path / "de.txt.gz")]) == 0  # read back
+    assert cli.main(["evaluate", "--run-dir", run, "--beam-size", "1", "--source-file", str(source), "--target-file",
+                     str(source), "--hypotheses", str(tmp_path / "hypotheses.gz")]) == 0
+    hypotheses = gzip.decompress((tmp_path / "hypotheses.gz").read_bytes()).decode("utf-8")
+    assert hypotheses.split("\n") == [lines[0], lines[2], lines[3], ""]  # the pair with empty sides skipped
     # A link as --output stays a link: the file it leads to gets the translations.
     (tmp_path / "link.txt").symlink_to(tmp_path / "target.txt")
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--output", str(tmp_path / "link.txt"),

@@ -232,9 +232,18 @@ def score(hypotheses, references, tokenizer=None) -> dict:
 
 
 def write_lines(path, lines) -> None:
+    """Write `lines`, one per line (UTF-8), to `path` in place once written, making its
+    folder; gzip-compressed when the name ends in `.gz`, as an input so named is read."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_text(path, "".join(line + "\n" for line in lines))
+    text = "".join(line + "\n" for line in lines)
+    if path.name.endswith(".gz"):
+        import gzip
+
+        with files.atomic_write(path) as tmp:
+            tmp.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        files.write_text(path, text)
 
 
 def dumps(data) -> str:

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target-file", type=path, help="... with these references.")
     p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
     p.add_argument("--hypotheses", type=path,
-                   help="Where to write the translations. [default: RUN_DIR/hypotheses.SPLIT.txt]")
+                   help="Where to write the translations (gzip-compressed for a name ending in .gz). "
+                        "[default: RUN_DIR/hypotheses.SPLIT.txt]")
     decoding_flags(p)
     quantize_flag(p, "translating")
     p.set_defaults(handler=run, check=check)

@@ -29,8 +29,8 @@ def add_parser(sub) -> None:
                    help="Translate the lines of this file (plain or .gz, or a pipe such as <(command), read as "
                         "it comes; '-': standard input).")
     p.add_argument("--output", type=path, metavar="FILE",
-                   help="Write the translations to this file (in place once all are done) and show progress "
-                        "('-': standard output, as without --output).")
+                   help="Write the translations to this file (in place once all are done; gzip-compressed for a "
+                        "name ending in .gz) and show progress ('-': standard output, as without --output).")
     p.add_argument("--n-best", type=at_least(1), metavar="K",
                    help="Print the K best hypotheses of the beam per sentence (K <= --beam-size), as "
                         "'LINE ||| TRANSLATION ||| SCORE' lines (Moses n-best format; LINE counts from 0, "
@@ -97,8 +97,7 @@ def run(args) -> int:
             translations += lines
             progress.add(len(chunk))
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        files.write_text(output, "".join(line + "\n" for line in translations))
+        evaluation.write_lines(output, translations)  # gzip-compressed for a name ending in .gz
         print(f"{done} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
               flush=True)
     return 0
