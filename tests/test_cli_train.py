@@ -169,8 +169,8 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
     (lost / "train.lock").write_text("")
     for config, message in ((None, rf"{lost / 'config.json'} is missing, but {lost} holds a run's files "
                                    r"\(checkpoints, tokenizer\)\. A run writes its config.json first: restore it"),
-                            ("[]", r"config.json is not a run config \(JSON \[\], not an object of settings\); restore"),
-                            ("null", r"config.json is not a run config \(JSON null, not an object of settings\)")):
+                            ("[]", r"config.json is not a run config \(JSON \[\], not an object\); restore"),
+                            ("null", r"config.json is not a run config \(JSON null, not an object\)")):
         if config is not None:
             (lost / "config.json").write_text(config)
         before = _snapshot(lost)

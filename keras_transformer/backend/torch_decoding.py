@@ -61,9 +61,9 @@ same workload, one process each, medians of 7 (greedy / beam 4 tokens/s; JAX 29,
 7,021; exported 10,240 / 4,036; `torch.compile` 15,839 / 4,806): called as its package
 loader returns it, 10,196 / 7,000 (each call loads the program's input and output specs
 again and flattens its arguments in Python: a greedy step's whole gain); called through
-`loader.boxed_run`, a `torch._C` binding, 18,868 / 6,015. Its compilation took 48-55 s for a greedy and a beam search
-(a shape's second search 24-37 s). Not used: the default cannot wait that long for a
-shape, and its fast call is a private binding.
+`loader.boxed_run`, a `torch._C` binding, 18,868 / 6,015. Its compilation took 48-55 s
+for a greedy and a beam search (a shape's second search 24-37 s). Not used: the default
+cannot wait that long for a shape, and its fast call is a private binding.
 
 On a GPU, the same tokens in every mode, but a step of a small model is launch-bound, and
 `torch.compile`'s CUDA graphs refused these programs: `docs/guides/backends.md` has the figures.

@@ -47,6 +47,15 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
+def _json_object(path: pathlib.Path) -> dict:
+    """The JSON object in `path`; `ValueError` when the file is not UTF-8, not JSON or
+    holds another JSON value (`[]`, `null`: a hand edit)."""
+    value = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"JSON {json.dumps(value)[:40]}, not an object")
+    return value
+
+
 def _same_setting(key: str, saved, now) -> bool:
     """Whether a saved setting is the one given now: a corpus file named another way (a
     relative path from another folder, a link) is the same file. (Whether its text
@@ -89,9 +98,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
             )
         return False
     try:
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
-        if not isinstance(saved, dict):
-            raise ValueError(f"JSON {json.dumps(saved)[:40]}, not an object of settings")
+        saved = _json_object(config_file)
     except ValueError as e:  # not UTF-8, not JSON, not an object
         raise RunError(f"{config_file} is not a run config ({e}); restore it from a copy of the run directory, "
                        "or choose another --output-dir.") from None
@@ -154,9 +161,7 @@ def check_corpus_unchanged(directory: pathlib.Path, corpus) -> None:
     would write it anew from the corpus given, and the check would be lost unseen)."""
     path = directory / "data.json"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict):
-            raise ValueError(f"JSON {json.dumps(record)[:40]}, not an object")
+        record = _json_object(path)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as e:
