@@ -396,6 +396,36 @@ def test_a_config_with_an_empty_file_name_is_refused(settings):
         TrainConfig(**settings).validate()
 
 
+@pytest.mark.parametrize("settings, message", [
+    (dict(steps=1.5), "--steps must be an integer; got 1.5"),
+    (dict(steps=True), "--steps must be an integer; got True"),
+    (dict(vocab_size="100"), "--vocab-size must be an integer; got '100'"),
+    (dict(max_length=None), "--max-length must be an integer; got None"),
+    (dict(batch_tokens=2**40), "--batch-tokens must be at most 2147483647; got 1099511627776"),
+    (dict(lower_case=1), "--lower-case must be True or False; got 1"),
+    (dict(dropout="0.1", tsv=5), "--tsv must be a string; got 5; --dropout must be a number; got '0.1'"),
+])
+def test_a_config_of_the_wrong_types_is_refused_in_one_line(settings, message):
+    from keras_transformer.tools.config import RunError, TrainConfig
+
+    # From Python (the command line's parser types every flag): a float step count trained,
+    # a string vocabulary size or a max_length of None was a TypeError from a comparison.
+    with pytest.raises(RunError) as error:
+        TrainConfig(**settings).validate()
+    assert str(error.value) == message + "."
+
+
+def test_numpy_numbers_in_a_config_are_taken_as_python_numbers():
+    import dataclasses
+
+    from keras_transformer.tools.config import TrainConfig
+
+    config = TrainConfig(steps=np.int64(40), dropout=np.float32(0.25), learning_rate_scale=2)
+    config.validate()
+    assert type(config.steps) is int and type(config.dropout) is float and config.learning_rate_scale == 2
+    json.dumps(dataclasses.asdict(config))  # config.json holds it (np.int64 is no JSON number)
+
+
 def test_different_config_in_output_dir_is_refused(tmp_path, small, capsys):
     from keras_transformer.tools.commands import train
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pathlib
+import numbers
 import re
 import sys
 
-from typing import Callable
-
-from keras_transformer.defaults import PRESETS, VALIDATION_BEAM_SIZE
-from keras_transformer.tools.files import input_problem
+from keras_transformer.defaults import MAX_INT, PRESETS, VALIDATION_BEAM_SIZE
+from keras_transformer.tools.corpus_kinds import CORPORA, CORPUS_FILES
 
 MIXED_PRECISION = ("bfloat16", "float16")
 # The range of each real-valued setting: (as `--help` and the errors say it, test).
@@ -22,6 +20,12 @@ REAL_RANGES = {
     "dropout": ("in [0, 1)", lambda v: 0 <= v < 1),
     "stop_at_exact_match": ("in (0, 1]", lambda v: 0 < v <= 1),
 }
+
+
+# A setting's Python type, by its field's annotation: (what passes, as errors say it). An
+# integer is a Python int (config.json holds it), a real number an int or a float.
+_TYPES = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "True or False"),
+          "str": (str, "a string")}
 
 
 class RunError(Exception):
@@ -41,106 +45,6 @@ def say(line: str) -> None:
 def busy_error(output_dir) -> RunError:
     """The refusal of a second `train` on a directory whose `train.lock` is held."""
     return RunError(f"another `train` is running on {output_dir}; wait for it to finish or stop it.")
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusKind:
-    """One entry of `CORPORA`: a corpus `keras-transformer train --corpus NAME` can read.
-
-    Attributes:
-        name: The `--corpus` value.
-        help: One phrase for `--help`.
-        load: `load(config) -> Corpus` from a `TrainConfig` (its fields name the files);
-            it imports its reader when called, so that `--help` loads nothing.
-        check: `check(config) -> list of problems` (flag mistakes, one sentence each),
-            called before anything is read.
-        implied_by: `TrainConfig` fields whose use implies this corpus when `--corpus`
-            is not given (`--tsv FILE` means `--corpus tsv`).
-        reads: Other `TrainConfig` fields that only some corpora read (`--holdout`):
-            set away from their default for a corpus that does not read them, they are
-            refused rather than ignored.
-        name_of: `name_of(config) -> str`, the corpus in a run's default `--output-dir`
-            (`TrainConfig.run_name`): its files' names; `None`: the corpus's `name`.
-    """
-
-    name: str
-    help: str
-    load: Callable
-    check: Callable = lambda config: []
-    implied_by: tuple = ()
-    reads: tuple = ()
-    name_of: Callable | None = None
-
-
-def _corpora():
-    from keras_transformer.tools.text import corpora
-
-    return corpora
-
-
-def _unreadable(**paths) -> list:
-    """A problem for each corpus file that cannot be read (missing, a directory, a pipe),
-    by flag, found before a backend loads: under `launch`, said once, by the launcher."""
-    problems = {name: input_problem(path) for name, path in paths.items()}
-    return [f"--{_flag(name)}: {problem}" for name, problem in problems.items() if problem]
-
-
-def _file_name(path) -> str:
-    """A corpus file's name without the suffixes of compression and of text: `deu` for
-    `deu.txt`, `pairs` for `pairs.tsv.gz`, `train.en` for `train.en.gz`."""
-    name = pathlib.PurePath(path).name
-    for suffix in (".gz", ".tsv", ".txt"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def _files_name(source, target) -> str:
-    """Two aligned files' names in one: `train.en-de` for `train.en` and `train.de`."""
-    source, target = _file_name(source), _file_name(target)
-    stem, dot, extension = source.rpartition(".")
-    if dot and target.startswith(stem + ".") and "." not in target[len(stem) + 1:]:
-        return f"{stem}.{extension}-{target[len(stem) + 1:]}"
-    return f"{source}-{target}"
-
-
-def _check_numbers(config) -> list:
-    if 100 <= config.train_size <= 998_000:
-        return []
-    return [f"--train-size must be in [100, 998000] (the numbers corpus holds 10^6 numbers, 2000 of them held "
-            f"out); got {config.train_size}"]
-
-
-# Every corpus `train` reads, by `--corpus` name: adding a corpus is an entry here, with
-# a `TrainConfig` field for each new setting it reads (its reader in `text/corpora.py`).
-CORPORA = {kind.name: kind for kind in (
-    CorpusKind("numbers", "built-in English->German number words (no download)",
-               lambda c: _corpora().numbers_corpus(train_size=c.train_size, seed=c.seed), _check_numbers,
-               reads=("train_size",)),
-    CorpusKind("files", "two aligned files, --source-file and --target-file",
-               lambda c: _corpora().corpus_from_files(c.source_file, c.target_file, holdout=c.holdout, seed=c.seed),
-               lambda c: (_unreadable(source_file=c.source_file, target_file=c.target_file)
-                          if c.source_file and c.target_file else
-                          ["--source-file and --target-file must be given together"]),
-               implied_by=("source_file", "target_file"), reads=("holdout",),
-               name_of=lambda c: _files_name(c.source_file, c.target_file)),
-    CorpusKind("tsv", "one tab-separated file of pairs, --tsv",
-               lambda c: _corpora().corpus_from_files(tsv=c.tsv, holdout=c.holdout, seed=c.seed),
-               lambda c: _unreadable(tsv=c.tsv) if c.tsv else ["--corpus tsv needs --tsv FILE"],
-               implied_by=("tsv",), reads=("holdout",), name_of=lambda c: _file_name(c.tsv)),
-)}
-
-
-# The settings that name a corpus file (`--tsv`, `--source-file`, `--target-file`).
-CORPUS_FILES = tuple(dict.fromkeys(name for kind in CORPORA.values() for name in kind.implied_by))
-
-
-def implied_corpus(values: dict) -> str:
-    """The corpus that `values` (settings by field name) imply when `--corpus` is not
-    given: the first whose `implied_by` fields are set, else `numbers`."""
-    for kind in CORPORA.values():
-        if any(values.get(name) for name in kind.implied_by):
-            return kind.name
-    return "numbers"
 
 
 def _setting(default, help: str, group: str, **flag):
@@ -240,7 +144,9 @@ class TrainConfig:
         Called before anything is read or written, so a typo never leaves a run
         directory behind.
         """
-        problems = []
+        problems = self._type_problems()
+        if problems:  # the checks below compare values of their types
+            raise RunError("; ".join(problems) + ".")
 
         def need(ok, message):
             if not ok:
@@ -286,6 +192,32 @@ class TrainConfig:
                 )
         if problems:
             raise RunError("; ".join(problems) + ".")
+
+    def __post_init__(self):
+        # NumPy's numbers (a sweep over `np.arange`) as Python's, which config.json can hold.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                setattr(self, field.name, int(value))
+            elif isinstance(value, numbers.Real) and not isinstance(value, (numbers.Integral, float)):
+                setattr(self, field.name, float(value))
+
+    def _type_problems(self) -> list:
+        """Each setting of another Python type than its field's (mistakes of the Python API:
+        the command line's parser gives every flag its type): an integer setting that is not
+        an `int` (a bool, a float, a string) or is past `MAX_INT`, a real one that is not a
+        number, a switch that is not a bool, a name that is not a string."""
+        problems = []
+        for field in dataclasses.fields(self):
+            value, kind = getattr(self, field.name), field.type.split(" | ")[0]
+            if value is None and field.type.endswith("| None"):
+                continue
+            wanted, said = _TYPES[kind]
+            if isinstance(value, bool) != (kind == "bool") or not isinstance(value, wanted):
+                problems.append(f"--{_flag(field.name)} must be {said}; got {value!r}")
+            elif kind == "int" and value > MAX_INT and field.name != "seed":  # the seed's range is its own
+                problems.append(f"--{_flag(field.name)} must be at most {MAX_INT}; got {value}")
+        return problems
 
     def _corpus_problems(self) -> list:
         """The corpus's own checks, the files of another corpus given with it, and the

@@ -13,7 +13,8 @@ import os
 import pathlib
 
 from keras_transformer.tools import files
-from keras_transformer.tools.config import CORPORA, CORPUS_FILES, RunError, TrainConfig
+from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.corpus_kinds import CORPORA, CORPUS_FILES
 
 __all__ = ["check_corpus_unchanged", "check_mixed_precision", "check_output_dir", "check_saved_progress",
            "data_statistics", "load_corpus", "prepare", "state_error"]

@@ -9,7 +9,8 @@ import pathlib
 from keras_transformer.tools.cluster import JOIN_TIMEOUT, from_environment
 from keras_transformer.tools.commands.common import add_command, at_least, check_writable, fit_verbosity, integer, path
 from keras_transformer.tools.commands.launch import end_with_launcher
-from keras_transformer.tools.config import TrainConfig, busy_error, implied_corpus
+from keras_transformer.tools.config import TrainConfig, busy_error
+from keras_transformer.tools.corpus_kinds import implied_corpus
 from keras_transformer.tools.files import lock_held
 
 
