@@ -66,8 +66,8 @@ def test_a_line_longer_than_the_run_trained_on_is_translated_with_a_warning(demo
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven " * (longest + 1), "seven"]) == 0
     printed = capsys.readouterr()
     assert printed.out.count("\n") == 2
-    assert printed.err == (f"keras-transformer translate: warning: 1 of the 2 texts are longer than the longest source "
-                           f"the model was trained on ({longest} tokens, the run's --max-length): their translations "
+    assert printed.err == (f"keras-transformer translate: warning: 1 of the 2 texts is longer than the longest source "
+                           f"the model was trained on ({longest} tokens, the run's --max-length): its translation "
                            "may stop short; split long texts into sentences\n")
 
 
@@ -148,6 +148,7 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     (tmp_path / "link.txt").symlink_to(tmp_path / "target.txt")
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--output", str(tmp_path / "link.txt"),
                      "seven"]) == 0
+    assert capsys.readouterr().out.endswith(f"1 translation in {tmp_path / 'link.txt'}\n")
     assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "target.txt").read_text("utf-8") == lines[0] + "\n"
     os.mkfifo(tmp_path / "pipe")  # a write renamed into place would replace the pipe, not write to it
     # A pipe as --input (a shell's `<(command)`) is read as it comes, like standard input: a
@@ -179,8 +180,19 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
                      "nine hundred and one thousand"]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 1, captured
-    assert captured.err.startswith("keras-transformer translate: warning: 1 of the 1 texts are longer than "
+    assert captured.err.startswith("keras-transformer translate: warning: the text is longer than "
                                    "max_input_length=2 tokens") and captured.err.count("\n") == 1, captured.err
+    # Long lines in two chunks of the input (4 lines each with --batch-size 1): one line for
+    # the whole input, after the translations (it was one per chunk, each counting its own).
+    long_lines = "nine hundred and one thousand\nseven\nseven\nseven\nnine hundred and one\n"
+    (tmp_path / "long.txt").write_text(long_lines, "utf-8")
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--batch-size", "1", "--max-input-length", "2",
+                     "--input", str(tmp_path / "long.txt")]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 5, captured
+    assert captured.err.startswith("keras-transformer translate: warning: 2 of the 5 texts are longer than "
+                                   "max_input_length=2 tokens (the longest: "), captured.err
+    assert captured.err.count("\n") == 1, captured.err
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),

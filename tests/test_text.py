@@ -574,8 +574,9 @@ def test_a_text_longer_than_max_input_length_is_cut_with_one_warning(tokenizer):
     long, short = " ".join(["forty two"] * 40), "forty two"
     ids = [row[row != tokenizer.pad_id].tolist() for row in tokenizer.tokenize_dense([long, short]).numpy()]
     model, limit = Recorder(), len(ids[1])  # the short text just fits
-    with pytest.warns(UserWarning, match=rf"^1 of the 2 texts are longer than max_input_length={limit} tokens "
-                                         rf"\(the longest: {len(ids[0])}\) and were cut to their first {limit}"):
+    with pytest.warns(evaluation.LongTextWarning, match=rf"^1 of the 2 texts is longer than max_input_length={limit} "
+                                                        rf"tokens \(the longest: {len(ids[0])}\) and was cut to its "
+                                                        rf"first {limit}"):
         evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=limit)
     assert sorted(model.rows) == sorted([ids[0][:limit], ids[1]])
     model.rows = []
@@ -583,8 +584,9 @@ def test_a_text_longer_than_max_input_length_is_cut_with_one_warning(tokenizer):
     assert sorted(model.rows, key=len) == [ids[1], ids[0]]
     # Longer than the model was trained on: translated whole, with one warning.
     model.rows = []
-    with pytest.warns(UserWarning, match=rf"^1 of the 2 texts are longer than the longest source the model was "
-                                         rf"trained on \({limit} tokens, the run's --max-length\): their "):
+    with pytest.warns(evaluation.LongTextWarning, match=rf"^1 of the 2 texts is longer than the longest source "
+                                                        rf"the model was trained on \({limit} tokens, the run's "
+                                                        rf"--max-length\): its translation "):
         evaluation.translate_texts(model, tokenizer, [long, short], max_input_length=None, trained_length=limit)
     assert sorted(model.rows, key=len) == [ids[1], ids[0]]
     with warnings.catch_warnings():

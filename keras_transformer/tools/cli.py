@@ -83,7 +83,7 @@ def _print_error(args, error) -> None:
 def _show_warning(command, show, message, category, filename, lineno, file=None, line=None) -> None:
     """A warning of keras-transformer's own as one `keras-transformer COMMAND: warning: ...`
     line; any other library's as Python shows it."""
-    if category is UserWarning and f"{os.sep}keras_transformer{os.sep}" in filename:
+    if issubclass(category, UserWarning) and f"{os.sep}keras_transformer{os.sep}" in filename:
         say(f"keras-transformer {command}: warning: {message}")
     else:
         show(message, category, filename, lineno, file, line)

@@ -123,10 +123,10 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     first (`n <= beam_size`). An empty text (or one with no tokens) translates to `""`, or
     with `n_best` to `[("", 0.0)]`: one empty translation, so that every text has an entry. A
     text longer than `max_input_length` tokens is cut to its first `max_input_length` (with
-    one `UserWarning` for the call; `None`: no limit). `compile` is `Transformer.translate`'s
+    one `LongTextWarning` for the call; `None`: no limit). `compile` is `Transformer.translate`'s
     (`False`: the eager search; `"torch.compile"` on PyTorch). `trained_length`: the
     longest source the model was trained on (a run's `--max-length`); texts longer than it
-    are translated whole, with one `UserWarning` for the call (a model seldom carries a
+    are translated whole, with one `LongTextWarning` for the call (a model seldom carries a
     translation past the lengths it saw: a paragraph may come back as one sentence).
     """
     check_special_ids(model, tokenizer)
@@ -168,25 +168,51 @@ def translate_texts(model, tokenizer, texts, beam_size=BEAM_SIZE, length_penalty
     return results
 
 
+class LongTextWarning(UserWarning):
+    """`count` of `total` texts are longer than `limit` tokens (the longest: `longest`).
+
+    `cut`: the limit is `max_input_length` and the texts were cut to it; otherwise it is the
+    longest source the model was trained on, and they were translated whole. The command
+    line sums the warnings of its chunks (`LongTextWarning.combined`) into one line."""
+
+    def __init__(self, count: int, total: int, limit: int, longest: int, cut: bool):
+        self.count, self.total, self.limit, self.longest, self.cut = count, total, limit, longest, cut
+        texts = "the text is" if total == 1 else f"{count:,} of the {total:,} texts {'is' if count == 1 else 'are'}"
+        if cut:
+            message = (f"{texts} longer than max_input_length={limit} tokens (the longest: {longest:,}) and "
+                       f"{'was' if count == 1 else 'were'} cut to {'its' if count == 1 else 'their'} first {limit}")
+        else:
+            message = (f"{texts} longer than the longest source the model was trained on ({limit} tokens, the run's "
+                       f"--max-length): {'its translation' if count == 1 else 'their translations'} may stop short")
+        super().__init__(message + "; split long texts into sentences")
+
+    @staticmethod
+    def combined(found: list, total: int) -> list:
+        """One warning per kind and limit for the `LongTextWarning`s in `found`, out of
+        `total` texts in all."""
+        kinds = {}
+        for w in found:
+            kinds.setdefault((w.cut, w.limit), []).append(w)
+        return [LongTextWarning(sum(w.count for w in ws), total, limit, max(w.longest for w in ws), cut)
+                for (cut, limit), ws in kinds.items()]
+
+
 def _token_ids(tokenizer, texts: list, max_input_length: int | None, trained_length: int | None) -> list:
     """Each text's token ids (one tokenizer call for all, ragged: a long line does not pad
-    every other one), cut to `max_input_length` with one `UserWarning` for the call, and one
-    more for the texts longer than `trained_length` (`translate_texts`)."""
+    every other one), cut to `max_input_length` with one `LongTextWarning` for the call, and
+    one more for the texts longer than `trained_length` (`translate_texts`)."""
     import tensorflow as tf  # the tokenizer's ops
 
     ragged = tokenizer.tokenize(tf.constant(texts, tf.string))
     flat, lengths = ragged.flat_values.numpy().astype("int32"), ragged.row_lengths().numpy()
     ids = np.split(flat, np.cumsum(lengths)[:-1])
     if max_input_length is not None and lengths.max() > max_input_length:
-        warnings.warn(f"{int((lengths > max_input_length).sum())} of the {len(texts)} texts are longer than "
-                      f"max_input_length={max_input_length} tokens (the longest: {int(lengths.max()):,}) and were "
-                      f"cut to their first {max_input_length}; split long texts into sentences", stacklevel=3)
+        warnings.warn(LongTextWarning(int((lengths > max_input_length).sum()), len(texts), max_input_length,
+                                      int(lengths.max()), cut=True), stacklevel=3)
         ids = [row[:max_input_length] for row in ids]
-    longer = 0 if trained_length is None else sum(len(row) > trained_length for row in ids)
+    longer = [len(row) for row in ids if trained_length is not None and len(row) > trained_length]
     if longer:
-        warnings.warn(f"{longer} of the {len(texts)} texts are longer than the longest source the model was trained "
-                      f"on ({trained_length} tokens, the run's --max-length): their translations may stop short; "
-                      "split long texts into sentences", stacklevel=3)
+        warnings.warn(LongTextWarning(len(longer), len(texts), trained_length, max(longer), cut=False), stacklevel=3)
     return ids
 
 

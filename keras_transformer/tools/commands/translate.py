@@ -7,6 +7,7 @@ import os
 import pathlib
 import stat
 import sys
+import warnings
 
 from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command, at_least, check_not_an_input,
                                                       check_writable, decoding_flags, fit_verbosity, load_run,
@@ -82,10 +83,19 @@ def run(args) -> int:
     translations, done = [], 0
     trained_length = files.run_setting(args.run_dir, "max_length")  # for a warning: None if not an int
     trained_length = trained_length if type(trained_length) is int and trained_length > 0 else None
+    long_texts = []  # each chunk's LongTextWarnings, shown as one line per kind at the end
     for chunk in chunks:
-        lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty, args.batch_size,
-                                           n_best=args.n_best or 0, max_input_length=args.max_input_length,
-                                           compile=COMPILE_MODES[args.compile], trained_length=trained_length)
+        with warnings.catch_warnings(record=not interactive) as caught:  # a terminal's: at once
+            lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty,
+                                               args.batch_size, n_best=args.n_best or 0,
+                                               max_input_length=args.max_input_length,
+                                               compile=COMPILE_MODES[args.compile], trained_length=trained_length)
+        for caught_warning in caught or ():
+            if isinstance(caught_warning.message, evaluation.LongTextWarning):
+                long_texts.append(caught_warning.message)
+            else:
+                warnings.showwarning(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                     caught_warning.lineno)
         if args.n_best:
             lines = [f"{done + i} ||| {text} ||| {score:.4f}"
                      for i, hypotheses in enumerate(lines) for text, score in hypotheses]
@@ -96,10 +106,12 @@ def run(args) -> int:
         else:
             translations += lines
             progress.add(len(chunk))
+    for combined in evaluation.LongTextWarning.combined(long_texts, done):
+        warnings.warn(combined, stacklevel=1)
     if output is not None:
         evaluation.write_lines(output, translations)  # gzip-compressed for a name ending in .gz
-        print(f"{done} translations in {output}" + (f" ({args.n_best} per sentence)" if args.n_best else ""),
-              flush=True)
+        per_sentence = f" ({args.n_best} per sentence)" if args.n_best else ""
+        print(f"{done} translation{'' if done == 1 else 's'} in {output}{per_sentence}", flush=True)
     return 0
 
 
