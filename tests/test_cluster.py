@@ -749,7 +749,7 @@ def _running(pid: int) -> bool:
 
 
 @only_on("torch", "launch's own code, the same on every backend")
-def test_launch_passes_on_what_the_others_print_by_whole_lines_without_gloos():
+def test_launch_passes_on_what_the_processes_print_by_whole_lines_without_gloos_and_its_own_once():
     from keras_transformer.tools.commands import launch
 
     out = io.StringIO()
@@ -760,6 +760,14 @@ def test_launch_passes_on_what_the_others_print_by_whole_lines_without_gloos():
     stream = io.BytesIO(b"one\ntwo\n")
     launch._pass_on(stream, out)
     assert stream.read() == b""
+    # Standard error: each of the command's errors and warnings once for all the processes (a
+    # mistake in the corpus was one line per process), any other line as often as it comes.
+    said, err = launch._Said(), io.StringIO()
+    for _ in range(2):
+        launch._pass_on(io.BytesIO(b"keras-transformer train: error: x.tsv, line 1: no tab\n"
+                                   b"keras-transformer train: interrupted\nTraceback\n"), err, said)
+    assert err.getvalue() == ("keras-transformer train: error: x.tsv, line 1: no tab\n"
+                              + "keras-transformer train: interrupted\nTraceback\n" * 2)
 
 
 def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):

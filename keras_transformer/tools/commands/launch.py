@@ -2,7 +2,8 @@
 
 Each process gets the variables its backend's engine reads (see
 `keras_transformer.tools.cluster`) and runs the command after `--`; process 0 (the chief)
-writes the run directory and prints the progress, the others print only their errors.
+writes the run directory and prints the progress, the others print only their errors
+(each error or warning line once for all the processes).
 On a cluster, start one process per host (or per accelerator) with those variables set
 by the scheduler, or with `torchrun` on PyTorch: `launch` is the one-machine case.
 """
@@ -119,6 +120,7 @@ def run(args) -> int:
     (nor after a SIGKILL of `launch`: see `end_with_launcher`)."""
     port = args.port or free_port(args.processes if args.backend == "tensorflow" else 1)
     children, readers, received, passed = [], [], [], {}  # passed: how many of the signals each process got
+    said = _Said()
 
     def forward(signum, frame):  # a second Ctrl-C is passed on too, as a second one
         received.append(signum)
@@ -134,17 +136,20 @@ def run(args) -> int:
                 break
             env = {**os.environ, **launch_environment(args.backend, args.processes, index, port),
                    LAUNCHER: str(os.getpid())}
-            # The chief writes to this terminal; the others' standard output comes through `_pass_on`.
+            # The chief writes its standard output to this terminal, the others' comes through
+            # `_pass_on`; every process's standard error does, each of the command's own lines
+            # once (a mistake in the corpus is found by every process, in the same words).
             children.append(subprocess.Popen([sys.executable, "-c", _CHILD, *args.child_argv], env=env, process_group=0,
-                                             stdout=subprocess.PIPE if index else None))
-            if index:
-                readers.append(threading.Thread(target=_pass_on, args=(children[-1].stdout,), daemon=True))
+                                             stdout=subprocess.PIPE if index else None, stderr=subprocess.PIPE))
+            streams = [(children[-1].stdout, None)] if index else []
+            for stream, out in streams + [(children[-1].stderr, sys.stderr)]:
+                readers.append(threading.Thread(target=_pass_on, args=(stream, out, said), daemon=True))
                 readers[-1].start()
             if passed.get(children[-1].pid, 0) < len(received):  # a signal came while it started
                 passed[children[-1].pid] = len(received)
                 children[-1].send_signal(received[-1])
         status = _wait(children, received)
-        for reader in readers:  # what the others printed last (their pipes are closed: they have ended)
+        for reader in readers:  # what they printed last (their pipes are closed: they have ended)
             reader.join(timeout=5)
     finally:
         for number, handler in previous.items():
@@ -163,16 +168,35 @@ def run(args) -> int:
 _GLOO_CONNECTED = b"[Gloo] Rank "
 
 
-def _pass_on(stream, out=None) -> None:
-    """Write what a process other than the chief prints on standard output (a byte stream)
-    to `out` (this process's standard output) a whole line at a time, without gloo's line.
-    Once `out` is closed (`launch ... | head`), the rest is read and dropped: the process
-    never waits on a full pipe."""
+class _Said:
+    """The command's error and warning lines passed on so far, from every process: each is
+    passed on once. (Other lines are each process's own: `interrupted` says that this
+    process, too, stopped.)"""
+
+    def __init__(self):
+        self.lines, self.lock = set(), threading.Lock()
+
+    def first(self, line: str) -> bool:
+        """Whether `line` is new: not an error or warning of the command's, or not said before."""
+        if not (line.startswith("keras-transformer ") and (": error: " in line or ": warning: " in line)):
+            return True
+        with self.lock:
+            new = line not in self.lines
+            self.lines.add(line)
+        return new
+
+
+def _pass_on(stream, out=None, said: _Said | None = None) -> None:
+    """Write what a process prints (a byte stream) to `out` (this process's standard output
+    by default) a whole line at a time, without gloo's line, and, with `said`, each of the
+    command's own lines once for all the processes. Once `out` is closed (`launch ... |
+    head`), the rest is read and dropped: the process never waits on a full pipe."""
     out = out or sys.stdout
     for line in stream:
-        if out is not None and not line.startswith(_GLOO_CONNECTED):
+        text = line.decode(errors="replace")
+        if out is not None and not line.startswith(_GLOO_CONNECTED) and (said is None or said.first(text)):
             try:
-                out.write(line.decode(errors="replace"))
+                out.write(text)
                 out.flush()
             except (OSError, ValueError):  # a closed pipe, or a closed file
                 out = None
