@@ -104,7 +104,7 @@ def greedy_search(
         logits, cache = step(tokens, cache, i)
         next_token = ops.cast(ops.argmax(banned(logits, i), axis=-1), "int32")
         next_token = ops.where(finished, pad_id, next_token)
-        tokens = ops.slice_update(tokens, [0, i + 1], next_token[:, None])
+        tokens = _compat.update_along(tokens, i + 1, next_token[:, None], axis=1)
         finished = ops.logical_or(finished, next_token == end_id)
         return i + 1, tokens, cache, finished
 

@@ -131,7 +131,7 @@ class ExportedSearch:
         import torch
 
         calls = next(self._calls.get(_signature(source_ids), lambda: itertools.count(1)))
-        # Inference mode, not only `no_grad`: none of a step's ~140 operations keeps a
+        # Inference mode, not only `no_grad`: none of a step's ~130 operations keeps a
         # version counter or a view's record (a greedy search ~10% faster). Its tensors can
         # never enter autograd, so the results leave it as clones: a user may train on them.
         with torch.inference_mode(), (_PT2_ONE_AT_A_TIME if self.torch_compile else contextlib.nullcontext()):
