@@ -193,6 +193,13 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     assert captured.err.startswith("keras-transformer translate: warning: 2 of the 5 texts are longer than "
                                    "max_input_length=2 tokens (the longest: "), captured.err
     assert captured.err.count("\n") == 1, captured.err
+    # Standard input may never end: its chunks' warnings come as each is done.
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(long_lines.encode())))
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--batch-size", "1", "--max-input-length", "2",
+                     "--input", "-"]) == 0
+    warned = capsys.readouterr().err.splitlines()
+    assert [line.split(" longer")[0] for line in warned] == [
+        "keras-transformer translate: warning: 1 of the 4 texts is", "keras-transformer translate: warning: the text is"]
     for argv, message in (
         (["--input", str(source), "seven"], "give TEXT arguments or --input FILE, not both"),
         (["--input", str(tmp_path / "missing.txt")], "File not found"),

@@ -83,9 +83,11 @@ def run(args) -> int:
     translations, done = [], 0
     trained_length = files.run_setting(args.run_dir, "max_length")  # for a warning: None if not an int
     trained_length = trained_length if type(trained_length) is int and trained_length > 0 else None
-    long_texts = []  # each chunk's LongTextWarnings, shown as one line per kind at the end
+    # The LongTextWarnings of a file's or the arguments' chunks, shown as one line per kind at
+    # the end; a stream's (standard input, a pipe: it may never end) as each chunk is done.
+    long_texts = []
     for chunk in chunks:
-        with warnings.catch_warnings(record=not interactive) as caught:  # a terminal's: at once
+        with warnings.catch_warnings(record=total is not None) as caught:
             lines = evaluation.translate_texts(model, tokenizer, chunk, args.beam_size, args.length_penalty,
                                                args.batch_size, n_best=args.n_best or 0,
                                                max_input_length=args.max_input_length,
