@@ -172,8 +172,8 @@ class LongTextWarning(UserWarning):
     """`count` of `total` texts are longer than `limit` tokens (the longest: `longest`).
 
     `cut`: the limit is `max_input_length` and the texts were cut to it; otherwise it is the
-    longest source the model was trained on, and they were translated whole. The command
-    line sums the warnings of its chunks (`LongTextWarning.combined`) into one line."""
+    longest source the model was trained on, and they were translated whole. `translate`
+    sums those of a file's chunks (`LongTextWarning.combined`) into one line per kind."""
 
     def __init__(self, count: int, total: int, limit: int, longest: int, cut: bool):
         self.count, self.total, self.limit, self.longest, self.cut = count, total, limit, longest, cut
