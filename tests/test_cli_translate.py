@@ -631,7 +631,7 @@ def test_evaluate_names_a_missing_or_damaged_run_config_before_the_model_loads(t
     config = run / "config.json"
     for text, says in ((None, f"{config} is missing: --split validation reads the run's corpus as it names it. "
                               "Restore it from a copy of the run directory, or give --source-file and --target-file."),
-                       ("[]", f"{config} is not a run config (TypeError: "),
+                       ("[]", f"{config} is not a run config (ValueError: JSON [], not an object)."),
                        ('{"steps": 10, "colour": "red"}', f"{config} is not a run config (TypeError: ")):
         if text is not None:
             config.write_text(text)

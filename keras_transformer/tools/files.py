@@ -121,12 +121,22 @@ def run_model_file(run_dir, model: str = "final") -> pathlib.Path:
     return model_file
 
 
+def json_object(path) -> dict:
+    """The JSON object in `path` (a run's config.json, data.json); `ValueError` when the
+    file is not UTF-8, not JSON or holds another JSON value (`[]`, `null`: a hand edit),
+    `OSError` when it cannot be read."""
+    value = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"JSON {json.dumps(value)[:40]}, not an object")
+    return value
+
+
 def run_setting(run_dir, name: str):
     """One setting of the run in `run_dir` as its `config.json` holds it; `None` when it
     holds no such setting or cannot be read (a model copied without its config)."""
     try:
-        return json.loads((pathlib.Path(run_dir) / "config.json").read_text(encoding="utf-8")).get(name)
-    except (OSError, ValueError, AttributeError):  # missing, not UTF-8 or JSON, not an object
+        return json_object(pathlib.Path(run_dir) / "config.json").get(name)
+    except (OSError, ValueError):  # missing, not UTF-8 or JSON, not an object
         return None
 
 

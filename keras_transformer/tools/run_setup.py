@@ -8,7 +8,6 @@ before it starts the processes. Imports no backend: Keras is imported where it i
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 
@@ -46,15 +45,6 @@ def _own_names() -> set[str]:
 
 def _some(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-
-def _json_object(path: pathlib.Path) -> dict:
-    """The JSON object in `path`; `ValueError` when the file is not UTF-8, not JSON or
-    holds another JSON value (`[]`, `null`: a hand edit)."""
-    value = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(value, dict):
-        raise ValueError(f"JSON {json.dumps(value)[:40]}, not an object")
-    return value
 
 
 def _same_setting(key: str, saved, now) -> bool:
@@ -99,7 +89,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
             )
         return False
     try:
-        saved = _json_object(config_file)
+        saved = files.json_object(config_file)
     except ValueError as e:  # not UTF-8, not JSON, not an object
         raise RunError(f"{config_file} is not a run config ({e}); restore it from a copy of the run directory, "
                        "or choose another --output-dir.") from None
@@ -162,7 +152,7 @@ def check_corpus_unchanged(directory: pathlib.Path, corpus) -> None:
     would write it anew from the corpus given, and the check would be lost unseen)."""
     path = directory / "data.json"
     try:
-        record = _json_object(path)
+        record = files.json_object(path)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as e:
@@ -238,10 +228,10 @@ def finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     if (done < epochs and not stopped) or not (output_dir / "model.keras").is_file():
         return None
     try:
-        metrics = json.loads((output_dir / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing, not UTF-8 or not JSON: the run writes it again
+        metrics = files.json_object(output_dir / "metrics.json")
+    except (OSError, ValueError):  # missing, not UTF-8, JSON or an object: the run writes it again
         return None
-    return metrics if isinstance(metrics, dict) and isinstance(metrics.get("steps"), int) else None
+    return metrics if isinstance(metrics.get("steps"), int) else None
 
 
 def data_statistics(corpus, tokenizer, max_length: int) -> dict:

@@ -9,7 +9,7 @@ from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command,
                                                       check_writable, decoding_flags, load_run, quantize_flag,
                                                       path, run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
-from keras_transformer.tools.files import input_problem, run_model_file
+from keras_transformer.tools.files import input_problem, json_object, run_model_file
 
 
 def add_parser(sub) -> None:
@@ -58,10 +58,8 @@ def check(args) -> dict:
 
 def _run_config(config_file: pathlib.Path, split: str) -> TrainConfig:
     """The run's settings, which name the corpus whose `split` is evaluated."""
-    import json
-
     try:
-        return TrainConfig(**json.loads(config_file.read_text(encoding="utf-8")))
+        return TrainConfig(**json_object(config_file))
     except FileNotFoundError:
         raise RunError(f"{config_file} is missing: --split {split} reads the run's corpus as it names it. "
                        "Restore it from a copy of the run directory, or give --source-file and --target-file."
