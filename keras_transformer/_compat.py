@@ -52,13 +52,23 @@ def update_along(x, start, update, axis: int):
     """`x` with `update` written at `start` on `axis` (a new tensor), `start` an int or a
     scalar tensor: `keras.ops.slice_update`, and on PyTorch an `index_copy` (see
     `slice_along`; exported, `slice_update` copied `x` and wrote into the copy through
-    index grids: greedy search's token write was eight operations more per step)."""
-    if keras.backend.backend() == "torch":
+    index grids: greedy search's token write was eight operations more per step).
+
+    On Keras' numpy backend `slice_update` writes into `x` and returns it (Keras 3.15:
+    `inputs[mesh] = updates`; its other backends return a new tensor), so `x` is copied
+    first: a beam search took a cache written so for one its step had returned unchanged
+    and never reordered it, giving hypotheses with wrong scores. Can go when Keras' numpy
+    `slice_update` copies (`test_decoding.py` runs a beam search on the numpy backend);
+    would report to keras-team/keras."""
+    backend = keras.backend.backend()
+    if backend == "torch":
         import torch
 
         start = keras.ops.convert_to_tensor(start, "int64")
         positions = start + torch.arange(update.shape[axis], device=x.device)
         return torch.index_copy(x, axis, positions, update)
+    if backend == "numpy":
+        x = keras.ops.copy(x)
     starts = [0] * len(x.shape)
     starts[axis] = start
     return keras.ops.slice_update(x, starts, update)

@@ -29,8 +29,9 @@ def first_search_length(source_length):
 def _integer_ids(source_ids):
     """`source_ids` as a tensor, refused unless its dtype is an integer one. A list or a
     NumPy array is checked before the backend converts it: strings or objects fail
-    differently inside each backend's conversion."""
-    if ops.is_tensor(source_ids):
+    differently inside each backend's conversion (a NumPy array is a tensor to Keras' numpy
+    backend, whose dtype names have no string kinds)."""
+    if ops.is_tensor(source_ids) and not isinstance(source_ids, np.ndarray):
         dtype = keras.backend.standardize_dtype(source_ids.dtype)
         integer = "int" in dtype
     else:
@@ -153,6 +154,9 @@ class Translating:
             scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
             best first, and `(B, n)` scores.
         """
+        if keras.backend.backend() == "openvino":  # it failed inside: "An OpenVINOKerasTensor is symbolic"
+            raise NotImplementedError("`translate` does not run on Keras' openvino backend: its tensors are symbolic "
+                                      "inside the search. Use tensorflow, jax, torch or numpy")
         beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses, self.vocab_size)
         source_ids = _integer_ids(source_ids)
         if len(source_ids.shape) != 2:

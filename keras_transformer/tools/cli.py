@@ -138,16 +138,19 @@ def check_utf8(args) -> None:
                                "writes paths and texts as UTF-8, so rename the file or give the text in UTF-8") from None
 
 
-# The backends keras-transformer runs on and is tested on; Keras also has "numpy" and
-# "openvino", which run a model but cannot train one (no `fit`).
+# The backends keras-transformer runs on and is tested on; Keras also has "numpy", which
+# runs the search (eagerly) but cannot train (no `fit`), and "openvino", which can do
+# neither: its tensors inside the search are symbolic, and `translate` failed with "An
+# OpenVINOKerasTensor is symbolic" (Keras 3.15, openvino 2026.4).
 BACKENDS = ("tensorflow", "jax", "torch")
 _TRAINING_COMMANDS = ("train", "demo", "launch")
+_SEARCH_COMMANDS = ("translate", "evaluate")
 
 
 def check_backend(command: str) -> None:
     """Refuse a `KERAS_BACKEND` that Keras does not know (it raised "Unable to import
     backend : foo" with a traceback once the command had started) or, for the commands
-    that train, one that cannot train."""
+    that train or search, one that cannot (`export` runs TensorFlow in a child process)."""
     backend = os.environ.get("KERAS_BACKEND")
     if not backend or backend in BACKENDS:  # unset or empty: Keras' own default
         return
@@ -156,6 +159,9 @@ def check_backend(command: str) -> None:
     if command in _TRAINING_COMMANDS:
         raise RunError(f"KERAS_BACKEND={backend!r}: Keras' {backend} backend cannot train a model (it has no fit); "
                        f"set it to one of {', '.join(BACKENDS)}")
+    if backend == "openvino" and command in _SEARCH_COMMANDS:
+        raise RunError(f"KERAS_BACKEND='openvino': Keras' openvino backend cannot run the search (its tensors are "
+                       f"symbolic inside it); set it to one of {', '.join(BACKENDS)}")
 
 
 def interrupted(args) -> int:
