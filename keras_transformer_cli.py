@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     sys.modules["keras_transformer"] = package
     from keras_transformer.tools import cli
 
+    cli.open_closed_standard_streams()
     args = cli.parse(argv)  # --help and usage mistakes exit here
     settings, status = cli.checked(args)  # so do mistakes in the settings, before the backend loads
     if status is not None:

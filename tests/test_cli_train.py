@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import keras
 import numpy as np
@@ -491,6 +492,24 @@ status = keras_transformer_cli.main(sys.argv[1:])
 print(sorted(m for m in ("tensorflow", "jax", "torch", "keras") if m in sys.modules))
 sys.exit(status)
 """
+
+
+def test_a_standard_stream_started_closed_is_the_null_device(tmp_path):
+    # `train ... >&-` failed inside (`sys.stdout` was None), so did `translate <&-`, and an
+    # error line under `2>&-`; the first file the command opened took the free descriptor
+    # (TensorFlow's log, written to descriptor 2, would have gone into it).
+    code = LAUNCHER.split("print(")[0] + textwrap.dedent("""
+        import os
+        from keras_transformer.tools.commands.common import fit_verbosity
+        with open(os.environ["OPENED"], "w") as opened:
+            opened.write(repr((status, opened.fileno(), sys.stdin.read(), fit_verbosity(None))))
+    """)
+    out = tmp_path / "out.txt"
+    shell = 'exec "$0" -c "$1" translate --run-dir "$2" x <&- >&- 2>&-'
+    child = subprocess.run(["sh", "-c", shell, sys.executable, code, str(tmp_path / "missing")],
+                           env={**os.environ, "OPENED": str(out)}, timeout=120)
+    assert child.returncode == 0
+    assert out.read_text() == "(2, 3, '', 2)"  # the error's status; a new descriptor; nothing to read; no bar
 
 
 def test_an_error_line_is_one_write_so_that_processes_sharing_a_stderr_keep_it_whole(tmp_path, monkeypatch):

@@ -255,7 +255,29 @@ _MEMORY_ADVICE = {"translate": _LESS_DECODING, "evaluate": _LESS_DECODING, **dic
 def main(argv=None) -> int:
     """`keras-transformer ...` (the installed command starts at `keras_transformer_cli.main`,
     which parses before the library is imported)."""
+    open_closed_standard_streams()
     return run(parse(argv))
+
+
+def open_closed_standard_streams() -> None:
+    """A standard stream the command was started without (`<&-`, `>&-`, `2>&-`) is opened
+    on the null device, as if redirected there. Python leaves such a stream `None`: `train`
+    and `translate` failed inside on it, and the first file the command opened would have
+    taken the free descriptor, so that what was meant for the terminal (TensorFlow's log,
+    written to descriptor 2) went into that file."""
+    for descriptor, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(descriptor)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+        if null != descriptor:
+            os.dup2(null, descriptor)
+            os.close(null)
+        stream = open(descriptor, mode, encoding="utf-8", closefd=False)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 # Lines that TensorFlow's and XLA's C++ code writes to the standard error stream while it
