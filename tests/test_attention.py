@@ -135,6 +135,9 @@ def test_all_padding_keys_give_finite_outputs():
         ((2, 5, 8), (2, 5, 6), {}, r"same width d_model.*query.shape=\(2, 5, 8\).*value.shape=\(2, 5, 6\)"),
         ((2, 5, 10), (2, 5, 10), {"num_heads": 4}, r"divisible.*d_model=10.*num_heads=4"),
         ((2, 8), (2, 8), {}, r"`query` must have rank 3.*query.shape=\(2, 8\)"),
+        # A value of batch 1 was broadcast to the queries' 2 (JAX logging an error on the way).
+        ((2, 5, 8), (1, 5, 8), {}, r"`query` and `value` must have the same batch size.*value.shape=\(1, 5, 8\)"),
+        ((2, 5, 8), (3, 5, 8), {}, r"`query` and `value` must have the same batch size"),
     ],
 )
 def test_bad_shapes_raise_value_error_naming_layer(query_shape, value_shape, kwargs, match):
@@ -220,3 +223,5 @@ def test_a_cache_that_is_not_keys_and_values_is_refused():
     for bad in (keras.ops.concatenate([keys, values], axis=-1), (keys,), (keys, values[0])):
         with pytest.raises(ValueError, match=r"`cache` must be `\(keys, values\)`"):
             layer(x, x, use_causal_mask=True, cache=bad, cache_index=0)
+    with pytest.raises(ValueError, match=r"`query` and `cache` must have the same batch size.*cache.shape=\(2, 2, 4, 4\)"):
+        layer(x[:1], x[:1], use_causal_mask=True, cache=(keys, values), cache_index=0)

@@ -150,9 +150,8 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         if value_shape[-1] != d_model or key_shape[-1] != d_model:
             raise ValueError(
-                f"Layer '{self.name}': `query`, `key` and `value` must have the same "
-                f"width d_model. Received: query.shape={query_shape}, "
-                f"key.shape={key_shape}, value.shape={value_shape}"
+                f"Layer '{self.name}': `query`, `key` and `value` must have the same width d_model. Received: "
+                f"query.shape={query_shape}, key.shape={key_shape}, value.shape={value_shape}"
             )
         if key_shape[1] is not None and value_shape[1] is not None and key_shape[1] != value_shape[1]:
             raise ValueError(
@@ -200,17 +199,19 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
     ):
+        if cache is not None:
+            self._check_cache(cache)
+        # Row b of the queries attends to row b of the keys and values: one batch size.
+        self._check_batch(query, [("cache", cache[0])] if cache is not None else [("value", value), ("key", key)])
         # (B, T_q, h, d_k)
         q = self._split_heads(self.query_dense(query), self._key_dim)
         if cache is not None:
-            self._check_cache(cache)
             if cache_index is not None:  # the new positions' keys and values, written in
                 cache = tuple(
                     _compat.update_along(old, cache_index, ops.cast(self._heads_first(new), old.dtype), axis=2)
                     for old, new in zip(cache, self.compute_key_value(value, key))
                 )
-            # (B, h, L, d_k), (B, h, L, d_v): precomputed (e.g. the projected encoder
-            # output) or the filled cache.
+            # (B, h, L, d_k), (B, h, L, d_v): precomputed (e.g. the projected encoder output) or the filled cache.
             k, v = cache
         else:
             k, v = self.compute_key_value(value, key)  # (B, T_k, h, d_k), (B, T_k, h, d_v)
@@ -319,6 +320,15 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"Layer '{self.name}': `{method}` needs the layer's sizes; build it first "
                 "(call it once, or `build(query_shape, value_shape)`). Received: an unbuilt layer"
             )
+
+    def _check_batch(self, query, others):
+        """One batch size where known (a value of batch 1 beside queries of batch 2 was broadcast)."""
+        for name, x in others:
+            batches = (query.shape[0], x.shape[0] if x is not None and len(x.shape) else None)
+            if None not in batches and batches[0] != batches[1]:
+                raise ValueError(f"Layer '{self.name}': `query` and `{name}` must have the same batch size: row b of "
+                                 f"the queries attends to row b of the keys and values. Received: query.shape="
+                                 f"{tuple(query.shape)}, {name}.shape={tuple(x.shape)}")
 
     def _check_cache(self, cache):
         if not isinstance(cache, (tuple, list)) or len(cache) != 2 or any(len(c.shape) != 4 for c in cache):
