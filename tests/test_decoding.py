@@ -173,6 +173,11 @@ def test_bad_arguments():
         model.translate(_source().astype("float32"), beam_size=1)
     with pytest.raises(ValueError, match=r"\(batch, length\)"):
         model.translate(_source()[0])
+    # `search`, translate's body, failed inside the cache write on a zero length.
+    for settings, message in ((dict(max_length=0), "`max_length` must be a positive integer. Received: max_length=0"),
+                              (dict(max_length=3, beam_size=0), "`beam_size` must be a positive integer")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            model.search(_source(), **settings)
     for settings, message in ((dict(max_length=0), "`max_length` must be a positive integer or None"),
                               (dict(max_length=2.5), "`max_length` must be a positive integer or None"),
                               (dict(max_extra_length=-5), "`max_extra_length` must be an integer >= 0"),

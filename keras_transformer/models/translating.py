@@ -78,6 +78,9 @@ class Translating:
         places where PyTorch's compiled search runs exported programs instead
         (`keras_transformer.backend.torch_decoding`).
         """
+        if not ops.is_tensor(max_length):  # a tensor is the exporter's, traced
+            max_length = _checks.positive_ints(max_length=max_length)
+        beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses, self.vocab_size)
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         call = call or (lambda fn, *args: fn(*args))
         if use_cache:
