@@ -72,11 +72,18 @@ def causal_mask(query_length, key_length=None, offset=0):
     >>> ops.convert_to_numpy(causal_mask(3)).astype(int).tolist()
     [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
+    _check_lengths(query_length=query_length, key_length=key_length)
     if key_length is None:
         key_length = query_length
     q_pos = ops.arange(query_length, dtype="int32") + ops.cast(offset, "int32")
     k_pos = ops.arange(key_length, dtype="int32")
     return ops.greater_equal(ops.expand_dims(q_pos, 1), ops.expand_dims(k_pos, 0))
+
+
+def _check_lengths(**lengths) -> None:
+    """Refuse a number of positions given as a Python value that is not an integer >= 0
+    (`causal_mask(2.5)` was 3 x 3); a tensor (a traced length) passes."""
+    _checks.counts("keras_transformer: ", **{k: v for k, v in lengths.items() if v is not None and not ops.is_tensor(v)})
 
 
 def combine_masks(*masks):
@@ -147,6 +154,8 @@ def scaled_dot_product_attention(
     >>> tuple(out.shape)
     (2, 5, 4, 8)
     """
+    _check_attention(query, key, value, mask, heads_first)
+    dropout = _checks.rates("keras_transformer: ", dropout=dropout)
     d_k = query.shape[-1]
     scale = 1.0 / math.sqrt(d_k)
     if mask is not None:
@@ -181,10 +190,47 @@ def scaled_dot_product_attention(
     return outputs
 
 
+def _check_attention(query, key, value, mask=None, heads_first: bool = False) -> None:
+    """Refuse queries, keys, values and a mask that attention cannot pair up, where their
+    sizes are known (a key of another depth failed inside an einsum, a mask of the wrong
+    length inside the backend's broadcasting)."""
+    layout = "(batch, heads, positions, depth)" if heads_first else "(batch, positions, heads, depth)"
+    shapes = {name: tuple(x.shape) for name, x in (("query", query), ("key", key), ("value", value))}
+    for name, shape in shapes.items():
+        if len(shape) != 4:
+            expected = "(batch, positions, heads, depth)" if name == "query" else layout
+            raise ValueError(f"keras_transformer: `{name}` must have rank 4, {expected}. Received: {name}.shape={shape}")
+    q, k, v = shapes.values()
+    if heads_first:  # as (B, T, h, d)
+        k, v = (k[0], k[2], k[1], k[3]), (v[0], v[2], v[1], v[3])
+
+    def differ(*sizes):
+        return len({size for size in sizes if size is not None}) > 1
+
+    if differ(q[0], k[0], v[0]) or differ(q[2], k[2], v[2]) or differ(k[1], v[1]) or differ(q[3], k[3]):
+        raise ValueError("keras_transformer: `query`, `key` and `value` must have one batch size and one number of "
+                         "heads, `key` and `value` one length, `query` and `key` one depth; `key` and `value` are "
+                         f"{layout}. Received: query.shape={shapes['query']}, key.shape={shapes['key']}, "
+                         f"value.shape={shapes['value']}")
+    if mask is None:
+        return
+    shape, expected = tuple(mask.shape), (q[0], q[2], q[1], k[1])
+    if len(shape) > 4 or any(size not in (None, 1, want) and want is not None
+                             for size, want in zip(shape[::-1], expected[::-1])):
+        raise ValueError("keras_transformer: `mask` must be broadcastable to (batch, heads, query positions, key "
+                         f"positions) = {expected}. Received: mask.shape={shape}")
+
+
 def check_window(window, where: str = "keras_transformer") -> int | None:
     """Refuse a restricted-attention window that is not an integer >= 1 (or None); returns
     it as a Python int (NumPy's integers count). The rule is `_checks.window`'s."""
     return _checks.window(f"{where}: ", window)
+
+
+def _required_window(window) -> int:
+    if window is None:
+        raise ValueError("keras_transformer: `window` must be an integer >= 1. Received: window=None")
+    return check_window(window)
 
 
 def band_mask(query_length, key_length, window: int, causal: bool = False, offset=0):
@@ -197,6 +243,8 @@ def band_mask(query_length, key_length, window: int, causal: bool = False, offse
     >>> ops.convert_to_numpy(band_mask(4, 4, window=1)).astype(int).tolist()
     [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
     """
+    _check_lengths(query_length=query_length, key_length=key_length)
+    window = _required_window(window)
     q_pos = ops.arange(query_length, dtype="int32") + ops.cast(offset, "int32")
     k_pos = ops.arange(key_length, dtype="int32")
     distance = ops.expand_dims(q_pos, 1) - ops.expand_dims(k_pos, 0)  # i - j
@@ -237,9 +285,12 @@ def windowed_attention(query, key, value, window: int, key_mask=None, causal: bo
     >>> tuple(windowed_attention(x, x, x, window=3).shape)
     (1, 10, 2, 4)
     """
-    if window is None:
-        raise ValueError("`window` must be an integer >= 1. Received: window=None")
-    window = check_window(window)
+    window = _required_window(window)
+    _check_attention(query, key, value)
+    if len({x.shape[1] for x in (query, key, value)} - {None}) > 1:  # a distance between positions of one sequence
+        raise ValueError("keras_transformer: `windowed_attention` is self-attention: `query`, `key` and `value` must "
+                         f"have one length. Received: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}")
+    dropout = _checks.rates("keras_transformer: ", dropout=dropout)
     b = window  # block size
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
     heads, d_k, d_v = query.shape[2], query.shape[3], value.shape[3]

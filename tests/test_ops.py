@@ -1,4 +1,5 @@
 import math
+import re
 
 import numpy as np
 import pytest
@@ -97,6 +98,41 @@ def test_scaling_gives_unit_variance_logits(d_k):
     np.testing.assert_allclose(difference, ((q[:, 0, 0] * (k[:, 1, 0] - k[:, 0, 0])).sum(-1)) / math.sqrt(d_k),
                                atol=2e-3, rtol=2e-3)
     assert abs(difference.var() / 2 - 1.0) < 0.05
+
+
+def test_attention_refuses_inputs_it_cannot_pair_up():
+    # A key of another depth failed inside an einsum, a mask of the wrong length inside the
+    # backend's broadcasting (JAX logging an error first), and a dropout of 1 or -1 ran.
+    rng = np.random.default_rng(0)
+    q, k, v = _qkv(rng)  # (2, 5, 3, 4) queries, (2, 7, 3, 4) keys and values
+    attention = kt.ops.scaled_dot_product_attention
+    for args, kwargs, message in (
+        ((q[0], k[0], v[0]), {}, "`query` must have rank 4, (batch, positions, heads, depth)"),
+        ((q, k[..., :2], v), {}, "`query` and `key` one depth"),
+        ((q, k[:1], v), {}, "one batch size"),
+        ((q, k[:, :, :2], v), {}, "one number of heads"),
+        ((q, k, v[:, :6]), {}, "`key` and `value` one length"),
+        ((q, k, v), {"mask": np.ones((2, 1, 5, 6), bool)}, "broadcastable to (batch, heads, query positions, key "
+                                                            "positions) = (2, 3, 5, 7)"),
+        ((q, k, v), {"dropout": 1.0}, "`dropout` must be in [0, 1)"),
+        ((q, k, v), {"dropout": -0.5}, "`dropout` must be in [0, 1)"),
+        # Keys and values laid out (B, h, T, d), as a decoding cache keeps them.
+        ((q, k, v), {"heads_first": True}, "are (batch, heads, positions, depth)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            attention(*args, **kwargs)
+    heads_first = np.transpose(k, (0, 2, 1, 3))
+    np.testing.assert_allclose(to_numpy(attention(q, heads_first, heads_first, heads_first=True)),
+                               to_numpy(attention(q, k, k)), atol=1e-5)
+    with pytest.raises(ValueError, match=re.escape("`windowed_attention` is self-attention")):
+        kt.ops.windowed_attention(q, k, v, window=2)
+    # Lengths given as Python values: causal_mask(2.5) was a 3 x 3 mask.
+    for mask, message in ((lambda: kt.ops.causal_mask(2.5), "`query_length` must be an integer >= 0"),
+                          (lambda: kt.ops.causal_mask(3, -1), "`key_length` must be an integer >= 0"),
+                          (lambda: kt.ops.band_mask(4, 4, None), "`window` must be an integer >= 1"),
+                          (lambda: kt.ops.band_mask(4, 4, -1), "`window` must be an integer >= 1")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            mask()
 
 
 def test_check_token_ids_rejects_floats_and_out_of_range():
