@@ -164,6 +164,21 @@ def test_model_save_and_load_keras_format(tmp_path):
     np.testing.assert_allclose(to_numpy(loaded(batch)), expected, atol=1e-6)
 
 
+def test_build_again_and_keras_copies_of_the_model():
+    # A second `build()` added every layer's weights again, which Keras refuses ("You cannot
+    # add new elements of state ... already built"); so did `build()` on the built models
+    # that `clone_model` and `model_from_json` give.
+    model = _small()
+    model.build()
+    model.build()
+    batch = _batch(3)
+    expected = to_numpy(model(batch))
+    for copy in (keras.models.clone_model(model), keras.models.model_from_json(model.to_json())):
+        copy.build()
+        copy.set_weights(model.get_weights())
+        np.testing.assert_allclose(to_numpy(copy(batch)), expected, atol=1e-6)
+
+
 def test_ids_of_the_wrong_rank_are_refused():
     model = _small()
     batch = _batch()

@@ -179,6 +179,8 @@ class Transformer(Translating, keras.Model):
         keras.Model.jit_compile.fset(self, value)
 
     def build(self, inputs_shape=None):
+        if self.built:  # built already: by a first call, or by Keras from a config (`clone_model`)
+            return  # (building the layers again would add their weights again, which Keras refuses)
         sequence_shape = (None, None, self.d_model)
         for emb in {id(e): e for e in (self.source_embedding, self.target_embedding)}.values():
             emb.build((None, None))
