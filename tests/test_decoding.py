@@ -386,4 +386,5 @@ def test_the_searches_hold_on_the_numpy_backend():
         env={**os.environ, "KERAS_BACKEND": "numpy"}, capture_output=True, text=True, timeout=600,
     )
     assert child.returncode == 0, child.stdout[-4000:]
-    assert re.search(r"\b1[0-9] passed", child.stdout), child.stdout[-1000:]
+    passed = re.search(r"\b(\d+) passed", child.stdout)
+    assert passed and int(passed.group(1)) >= 10, child.stdout[-1000:]  # the searches ran, not only skips
