@@ -69,6 +69,8 @@ def greedy_search(
     min_length: int = 0,
     while_loop=None,
     return_complete: bool = False,
+    return_scores: bool = False,
+    length_penalty_alpha: float = LENGTH_PENALTY,
 ):
     """Pick the most probable next token at every step.
 
@@ -85,32 +87,52 @@ def greedy_search(
             to `keras.ops.while_loop`.
         return_complete: Also return a boolean scalar, whether every row emitted
             `[END]`: then a longer `max_length` would give the same tokens (and padding).
+        return_scores: Also return each row's score as `beam_search` scores a
+            hypothesis, `log P(Y | X) / lp(|Y|)` (`|Y|` counts `[END]`): the same
+            number a beam of one gives. Costs a log-softmax per step.
+        length_penalty_alpha: alpha of the scores' length penalty, >= 0. Defaults to
+            `0.6` (the paper).
 
     Returns:
         Integer `(N, L)`: each row is the output tokens, `[END]` (if emitted in time)
-        and then padding. `[START]` is not included. With `return_complete=True`,
-        `(tokens, complete)`.
+        and then padding. `[START]` is not included. With `return_scores=True`, then
+        the `(N,)` scores; with `return_complete=True`, then `complete`.
     """
+    alpha = float(length_penalty_alpha)
     tokens = ops.concatenate(
         [ops.full((batch_size, 1), start_id, "int32"), ops.full((batch_size, max_length), pad_id, "int32")], axis=1
     )
     finished = ops.zeros((batch_size,), "bool")
     banned = _Banned(start_id, end_id, pad_id, min_length)
+    # The log-probability of each row's output so far, when asked for: a loop variable of
+    # its own, so that the search without scores computes nothing more.
+    extra = (ops.zeros((batch_size,), "float32"),) if return_scores else ()
 
-    def cond(i, tokens, cache, finished):
+    def cond(i, tokens, cache, finished, *logp):
         return ops.logical_and(i < max_length, ops.logical_not(ops.all(finished)))
 
-    def body(i, tokens, cache, finished):
+    def body(i, tokens, cache, finished, *logp):
         logits, cache = step(tokens, cache, i)
-        next_token = ops.cast(ops.argmax(banned(logits, i), axis=-1), "int32")
+        logits = banned(logits, i)
+        next_token = ops.cast(ops.argmax(logits, axis=-1), "int32")
         next_token = ops.where(finished, pad_id, next_token)
+        if return_scores:  # a finished row adds nothing (its pad token's -inf is dropped)
+            chosen = ops.take_along_axis(ops.log_softmax(logits, axis=-1), next_token[:, None], axis=1)[:, 0]
+            logp = (logp[0] + ops.where(finished, 0.0, chosen),)
         tokens = _compat.update_along(tokens, i + 1, next_token[:, None], axis=1)
         finished = ops.logical_or(finished, next_token == end_id)
-        return i + 1, tokens, cache, finished
+        return (i + 1, tokens, cache, finished, *logp)
 
     loop = while_loop or ops.while_loop
-    _, tokens, _, finished = loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished))
-    return (tokens[:, 1:], ops.all(finished)) if return_complete else tokens[:, 1:]
+    _, tokens, _, finished, *logp = loop(cond, body, (ops.convert_to_tensor(0, "int32"), tokens, cache, finished,
+                                                      *extra))
+    result = (tokens[:, 1:],)
+    if return_scores:  # the output's length: its tokens up to and with `[END]` (never `[PAD]`)
+        length = ops.sum(ops.cast(result[0] != pad_id, "int32"), axis=1)
+        result += (logp[0] / length_penalty(length, alpha),)
+    if return_complete:
+        result += (ops.all(finished),)
+    return result if len(result) > 1 else result[0]
 
 
 def beam_search(

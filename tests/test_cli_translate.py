@@ -238,6 +238,11 @@ def test_n_best_lists_the_beam_best_first(demo, capsys):
     texts = ["seven", "forty-two", "nine hundred and one", "three", "twelve thousand and five"]
     assert evaluation.translate_texts(model, tokenizer, texts, beam_size=3) == evaluation.translate_texts(
         model, tokenizer, texts, beam_size=3, batch_size=2)
+    # Greedy search's entry is scored too, as the search scores it (it said 0.0000, certainty).
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--n-best", "1", "seven"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    (expected,) = evaluation.translate_texts(model, tokenizer, ["seven"], beam_size=1, n_best=1)
+    assert line == f"0 ||| {expected[0][0]} ||| {expected[0][1]:.4f}" and expected[0][1] < 0, (line, expected)
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "2", "--n-best", "3", "seven"]) == 2
     assert "--n-best 3 is more than the --beam-size 2 hypotheses" in capsys.readouterr().err
 

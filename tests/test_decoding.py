@@ -65,6 +65,23 @@ def test_beam_of_one_equals_greedy():
     np.testing.assert_array_equal(beam, greedy)
 
 
+def test_greedy_scores_are_the_outputs_log_probability_over_the_length_penalty():
+    # Rows that end at once and one that runs to the limit, each scored as beam search scores
+    # a hypothesis: log P(y | x) / lp(|y|), |y| with [END].
+    model, alpha = _model(seed=0), 0.6
+    tokens, scores = model.translate(_source(), beam_size=1, length_penalty=alpha, max_length=6, return_scores=True,
+                                     compile=COMPILE)
+    tokens, scores = to_numpy(tokens, "int32"), to_numpy(scores)
+    outputs = [list(row[: list(row).index(decoding.END_ID) + 1]) if decoding.END_ID in row else list(row)
+               for row in tokens]
+    assert sorted({len(o) for o in outputs}) == [1, 6], outputs  # ended early, and not
+    for b, output in enumerate(outputs):
+        assert scores[b] == pytest.approx(_score_sequences(model, _source()[b], [output], alpha)[0], abs=1e-4)
+    # Without scores, a greedy search computes none: the same tokens.
+    np.testing.assert_array_equal(to_numpy(model.translate(_source(), beam_size=1, max_length=6, compile=COMPILE),
+                                           "int32"), tokens)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
 def test_wide_beam_finds_the_exhaustive_best(alpha):
     model = _model(seed=3, scale=0.8)

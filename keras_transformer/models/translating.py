@@ -64,12 +64,15 @@ class Translating:
         while_loop=None,
         bound_length=None,
         return_complete: bool = False,
+        greedy_scores: bool = True,
     ):
         """Greedy (`beam_size=1`) or beam search, traceable: the body of `translate`.
 
         `max_length` may be a tensor (the exporter traces it from the input's length).
-        Returns `(tokens (B, max_length), scores (B,))`; greedy scores are zeros. With
-        `num_hypotheses=n > 1` (beam search), `(B, n, max_length)` and `(B, n)`.
+        Returns `(tokens (B, max_length), scores (B,))`, the scores `log P / lp`; with
+        `greedy_scores=False` a greedy search computes none (one log-softmax per step
+        less) and its scores are zeros. With `num_hypotheses=n > 1` (beam search),
+        `(B, n, max_length)` and `(B, n)`.
         `bound_length` and `return_complete` (a third result) are the searches' own,
         see `keras_transformer.decoding.beam_search`.
 
@@ -91,9 +94,10 @@ class Translating:
         batch = ops.shape(source_ids)[0]
         special = dict(start_id=self.start_id, end_id=self.end_id, pad_id=self.pad_id, min_length=min_length)
         if beam_size == 1:
-            tokens, complete = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop,
-                                                      return_complete=True, **special)
-            result = tokens, ops.zeros((batch,), "float32"), complete
+            result = decoding.greedy_search(step, cache, batch, max_length, while_loop=while_loop, return_complete=True,
+                                            return_scores=greedy_scores, length_penalty_alpha=length_penalty, **special)
+            if not greedy_scores:
+                result = result[0], ops.zeros((batch,), "float32"), result[1]
         else:
             result = decoding.beam_search(
                 step, cache, batch, max_length, beam_size=beam_size, length_penalty_alpha=length_penalty,
@@ -141,7 +145,8 @@ class Translating:
             min_length: No `[END]` before this many tokens. Defaults to `0`.
             use_cache: Use the KV cache. `False` re-runs the decoder over the whole
                 prefix at every step (same tokens, slower: for checks and benchmarks).
-            return_scores: Also return the `(B,)` scores `log P / lp` (zeros for greedy).
+            return_scores: Also return the `(B,)` scores `log P / lp`, for greedy
+                search too (what a beam of one scores).
             num_hypotheses: n, the size of the n-best list per row, at most
                 `beam_size`. Defaults to `1`.
             compile: Run the compiled search. `False` runs the same search eagerly,
@@ -173,8 +178,9 @@ class Translating:
         if min_length > max_length:
             raise ValueError(f"`min_length` must be at most the longest output, {max_length}. "
                              f"Received: min_length={min_length}")
-        # Greedy search does not read the penalty: only beam search's may not overflow.
-        _checks.length_penalties(length_penalty=length_penalty, max_length=max_length if beam_size > 1 else None)
+        # Greedy search reads the penalty only for its scores: only then may it not overflow.
+        scored = beam_size > 1 or return_scores
+        _checks.length_penalties(length_penalty=length_penalty, max_length=max_length if scored else None)
         if batch == 0:  # nothing to search: empty results of the shapes a search returns
             shape = (0, max_length) if num_hypotheses == 1 else (0, num_hypotheses, max_length)
             tokens, scores = ops.zeros(shape, "int32"), ops.zeros(shape[:-1], "float32")
@@ -187,7 +193,10 @@ class Translating:
         mode = "default" if compile is True else compile
 
         source_ids = ops.cast(source_ids, "int32")
-        settings = (int(beam_size), float(length_penalty), int(min_length), bool(use_cache), num_hypotheses)
+        # A greedy search computes scores only when asked (a beam search always does).
+        settings = dict(beam_size=int(beam_size), length_penalty=float(length_penalty), min_length=int(min_length),
+                        use_cache=bool(use_cache), num_hypotheses=num_hypotheses,
+                        greedy_scores=bool(return_scores) or beam_size > 1)
         # Most outputs end long before the longest allowed: searching first with a short
         # buffer (what every step reads and reorders) gives the same result when it
         # ends in time, and the full search runs only when it did not.
@@ -205,7 +214,7 @@ class Translating:
     def _run_search(self, source_ids, length, bound_length, settings, compile, mode):
         """`search` with a buffer of `length`, compiled once per settings and variables."""
         if compile is False:
-            return self.search(source_ids, length, *settings, while_loop=decoding.eager_while_loop,
+            return self.search(source_ids, length, **settings, while_loop=decoding.eager_while_loop,
                                bound_length=bound_length, return_complete=True)
         # A compiled search holds the variables it was made with: a model whose variables
         # were replaced since (`quantize`, LoRA) gets a new one.
@@ -213,9 +222,9 @@ class Translating:
 
         def make():
             def search(ids, **runner):
-                return self.search(ids, length, *settings, bound_length=bound_length, return_complete=True, **runner)
+                return self.search(ids, length, **settings, bound_length=bound_length, return_complete=True, **runner)
 
             return compile_search(search, variables, name=f"search of model '{self.name}'", mode=mode)
 
-        key = (length, bound_length, *settings, mode, tuple(map(id, variables)))
+        key = (length, bound_length, *settings.values(), mode, tuple(map(id, variables)))
         return self._searches.get(key, make)(source_ids)

@@ -116,9 +116,9 @@ def _export_here(model, tokenizer, path, beam_size, length_penalty, max_extra_le
         max_length = tf.shape(source)[1] + max_extra_length
         first = tf.minimum(max_length, first_search_length(tf.shape(source)[1]))
         short, _, complete = model.search(source, first, beam_size, length_penalty, bound_length=max_length,
-                                          return_complete=True)
+                                          return_complete=True, greedy_scores=False)
         tokens = tf.cond(complete, lambda: short,
-                         lambda: model.search(source, max_length, beam_size, length_penalty)[0])
+                         lambda: model.search(source, max_length, beam_size, length_penalty, greedy_scores=False)[0])
         text = tokenizer.detokenize(tf.RaggedTensor.from_tensor(tf.cast(tokens, tf.int64)))
         # An empty input translates to an empty string.
         return {"translation": tf.where(lengths > 0, text, tf.constant(""))}
