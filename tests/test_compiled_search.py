@@ -627,6 +627,21 @@ def test_a_loop_writes_its_cache_in_place_but_never_into_the_callers_tensors():
     np.testing.assert_array_equal(to_numpy(buffer), np.zeros((2, 5)))  # the caller's tensor is untouched
     (program,) = exported.programs.values()
     assert program.written == [1]  # `a` is written in place, `b` (read by nothing) is not
+
+    # A loop variable that is a weight (the iteration gives the variable's value back) is
+    # copied before it is written: the weights stay as they are.
+    weight = keras.Variable(np.zeros((2, 5)), dtype="float32")
+
+    def from_the_weight(buffer, call=None, while_loop=None):
+        def body(i, a, total):
+            written = _compat.update_along(a, i, keras.ops.ones((2, 1)) * keras.ops.cast(i + 1, "float32"), axis=1)
+            return i + 1, keras.ops.convert_to_tensor(weight), total + keras.ops.sum(written)
+
+        return (while_loop or keras.ops.while_loop)(lambda i, a, total: i < 5, body, (0, buffer, keras.ops.zeros(())))
+
+    got = ExportedSearch(from_the_weight, [weight], eager_calls=0)(buffer)
+    assert float(to_numpy(got[2])) == float(to_numpy(from_the_weight(buffer)[2])) == 2 * (1 + 2 + 3 + 4 + 5)
+    np.testing.assert_array_equal(to_numpy(weight.value), np.zeros((2, 5)))
     # The model's own search: every decoder layer's self-attention keys and values are
     # written in place.
     model = _model(6)

@@ -242,8 +242,10 @@ class _Program:
         with another of them or with `held` (the storages of `values`)."""
         if self.written:
             tensors = list(tensors)
+            # Each tensor's memory read once: a search's loop asks this at every token.
+            storages = [_storage(x) for x in tensors] if owned else []
             for i in self.written:
-                if not owned or _shares_memory(tensors[i], tensors[:i] + tensors[i + 1:], held):
+                if not owned or storages[i] in held or storages.count(storages[i]) > 1:
                     tensors[i] = tensors[i].clone()
         return self.graph(*values, *tensors)
 
@@ -267,11 +269,6 @@ _PT2_ONE_AT_A_TIME = threading.RLock()
 
 def _storage(x) -> int:
     return x.untyped_storage().data_ptr()
-
-
-def _shares_memory(x, others, held) -> bool:
-    mine = _storage(x)
-    return mine in held or any(_storage(other) == mine for other in others)
 
 
 class _Run:
