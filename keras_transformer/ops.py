@@ -336,8 +336,8 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=N
 
     Float ids are refused on every backend, eagerly or symbolically. Out-of-range ids
     are refused whenever the ids are concrete (eager execution on any backend); inside
-    a compiled function (`jax.jit`, `tf.function`) the values cannot be read, and the
-    check is skipped.
+    a compiled function (`jax.jit`, `tf.function`, `torch.compile`) the values cannot be
+    read, and the check is skipped.
 
     Raises:
         ValueError: naming the layer, the argument and what was received.
@@ -364,7 +364,7 @@ def _concrete_numpy(x):
     """`x` as a NumPy array when its values exist (eager), else `None` (traced)."""
     if isinstance(x, np.ndarray):
         return x
-    if isinstance(x, keras.KerasTensor):
+    if isinstance(x, keras.KerasTensor) or _torch_compiling():
         return None
     try:  # NumPy reads a CPU tensor of any backend where it is
         return np.asarray(x)
@@ -376,3 +376,14 @@ def _concrete_numpy(x):
         return np.asarray(ops.convert_to_numpy(x))
     except Exception:  # noqa: BLE001 - PyTorch's fake tensors while exporting have no values.
         return None
+
+
+def _torch_compiling() -> bool:
+    """Whether TorchDynamo is tracing (`torch.compile`, Keras' `jit_compile=True` on
+    PyTorch): reading a tensor's values there broke the graph at every layer that checks
+    its ids, and would wait for the device at every step."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()

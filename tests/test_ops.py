@@ -7,7 +7,7 @@ from keras import ops
 
 import keras_transformer as kt
 from tests import reference as ref
-from tests.conftest import to_numpy
+from tests.conftest import BACKEND, to_numpy
 
 
 def _qkv(rng, b=2, tq=5, tk=7, h=3, d=4):
@@ -153,3 +153,15 @@ def test_take_rows_is_take_for_rows_in_range():
     x = np.arange(5 * 2 * 3, dtype="float32").reshape(5, 2, 3)
     rows = np.array([4, 0, 0, 3, 1, 2], "int32")
     np.testing.assert_array_equal(to_numpy(_compat.take_rows(x, rows)), x[rows])
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="TorchDynamo is PyTorch's; jax.jit and tf.function give the check "
+                    "tracers, which it skips on every backend (test_check_token_ids_rejects_floats_and_out_of_range)")
+def test_checking_ids_inside_torch_compile_breaks_no_graph():
+    # Reading the ids' values under Dynamo was a graph break (and a wait for the device) at
+    # every embedding of a model compiled with Keras' jit_compile=True: fullgraph refuses one.
+    import torch
+
+    embed = torch.compile(lambda ids: (kt.ops.check_token_ids(ids, 10), ids * 2)[1], fullgraph=True)
+    ids = ops.convert_to_tensor(np.array([[0, 9]], "int32"))
+    np.testing.assert_array_equal(to_numpy(embed(ids)), [[0, 18]])
