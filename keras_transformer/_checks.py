@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from keras_transformer.defaults import MAX_INT
 
 _LOG_FLOAT32_MAX = math.log(3.4028234663852886e38)  # the largest float32
@@ -40,6 +42,18 @@ def positive_ints(where: str = "", *, optional: bool = False, **values):
     """Refuse any value that is not an integer >= 1 (`None` passes when `optional`); returns
     the values as Python ints (one alone, several as a tuple, in the order given)."""
     return _integers(where, 1, "a positive integer", optional, values)
+
+
+def flags(where: str = "", **values):
+    """Refuse any value that is not a boolean: a setting read from text (`"false"`, `"no"`)
+    is true to Python and would silently turn a switch on. NumPy's booleans count.
+    Returns the values as Python bools (one alone, several as a tuple)."""
+    out = []
+    for name, value in values.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{where}`{name}` must be True or False. Received: {name}={value!r}")
+        out.append(bool(value))
+    return _returned(out)
 
 
 def window(where: str, value):

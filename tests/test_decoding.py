@@ -209,6 +209,14 @@ def test_bad_arguments():
             model.translate(_source(), **settings)
     with pytest.raises(ValueError, match=r"at least one position per row. Received: shape=\(3, 0\)"):
         model.translate(_source()[:, :0])
+    # A switch read from text ("no") is true to Python: it turned the cache or the scores on.
+    for settings in (dict(use_cache="no"), dict(return_scores="false"), dict(use_cache=None), dict(use_cache=1)):
+        (name, value), = settings.items()
+        with pytest.raises(ValueError, match=re.escape(f"`{name}` must be True or False. Received: {name}={value!r}")):
+            model.translate(_source(), **settings)
+    with pytest.raises(ValueError, match="`use_cache` must be True or False"):
+        model.search(_source(), 3, use_cache="yes")
+    assert model.translate(_source(), max_length=3, use_cache=np.bool_(False)).shape == (3, 3)
     # Ids of another kind, as a list, a NumPy array or a tensor: the same sentence on every
     # backend (strings failed inside JAX's and PyTorch's conversion, each its own way).
     for ids, dtype in ((np.array([["a", "b"]]), "<U1"), ([[5.0, 6.0]], "float64"), ([[True]], "bool"),

@@ -110,9 +110,21 @@ def test_bad_model_inputs():
                               (dict(vocab_size=0), "`vocab_size` must be a positive integer"),
                               (dict(num_layers=2.0), "`num_layers` must be a positive integer"),
                               (dict(dropout=1.5), r"`dropout` must be in \[0, 1\)"),
-                              (dict(layer_norm_epsilon=-1e-6), "`layer_norm_epsilon` must be a finite number > 0")):
+                              (dict(layer_norm_epsilon=-1e-6), "`layer_norm_epsilon` must be a finite number > 0"),
+                              # A switch read from text: "no" made a pre-norm model, "false" a tied one.
+                              (dict(norm_first="no"), "`norm_first` must be True or False. Received: norm_first='no'"),
+                              (dict(tie_weights="false"), "`tie_weights` must be True or False")):
         with pytest.raises(ValueError, match=message):
             _small(**settings)
+    # The layers' switches, each named by its layer.
+    for make, name in ((lambda: kt.layers.EncoderBlock(2, 8, norm_first="yes", name="x"), "norm_first"),
+                       (lambda: kt.layers.Decoder(1, 2, 8, norm_first=1, name="x"), "norm_first"),
+                       (lambda: kt.layers.MultiHeadAttention(2, use_bias="no", name="x"), "use_bias"),
+                       (lambda: kt.layers.PositionwiseFFN(8, use_bias=None, name="x"), "use_bias"),
+                       (lambda: kt.layers.SinusoidalEmbedding(9, 4, scale="no", name="x"), "scale")):
+        with pytest.raises(ValueError, match=rf"Layer '.*': `{name}` must be True or False"):
+            make()
+    assert _small(norm_first=np.bool_(True)).get_config()["norm_first"] is True  # NumPy's, as Python's
     model = _small()
     with pytest.raises(ValueError, match="'source_ids' and 'target_ids'"):
         model({"source": np.ones((1, 2), "int32")})

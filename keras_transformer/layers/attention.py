@@ -116,7 +116,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dim = key_dim
         self.value_dim = value_dim
         self.dropout = dropout
-        self.use_bias = use_bias
+        self.use_bias = _checks.flags(where, use_bias=use_bias)
         self.window = window
         self.seed_generator = keras.random.SeedGenerator() if dropout > 0 else None
 

@@ -49,7 +49,7 @@ class _Block(keras.layers.Layer):
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
-        self.norm_first = norm_first
+        self.norm_first = _checks.flags(where, norm_first=norm_first)
         self.activation = keras.activations.get(activation)
         self.key_dim = key_dim
         self.attention_dropout = attention_dropout

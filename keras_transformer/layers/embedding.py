@@ -130,7 +130,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.dropout = dropout
-        self.scale = scale
+        self.scale = _checks.flags(f"Layer '{self.name}': ", scale=scale)
         self.max_wavelength = max_wavelength
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)

@@ -46,7 +46,7 @@ class PositionwiseFFN(keras.layers.Layer):
         self.d_ff = d_ff
         self.activation = keras.activations.get(activation)
         self.dropout = dropout
-        self.use_bias = use_bias
+        self.use_bias = _checks.flags(f"Layer '{self.name}': ", use_bias=use_bias)
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)

@@ -105,8 +105,7 @@ class Transformer(Translating, keras.Model):
         self.num_heads = num_heads
         self.d_ff = d_ff
         self.dropout = dropout
-        self.norm_first = norm_first
-        self.tie_weights = tie_weights
+        self.norm_first, self.tie_weights = _checks.flags(where, norm_first=norm_first, tie_weights=tie_weights)
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_wavelength = max_wavelength

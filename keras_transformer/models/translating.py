@@ -84,6 +84,7 @@ class Translating:
         if not ops.is_tensor(max_length):  # a tensor is the exporter's, traced
             max_length = _checks.positive_ints(max_length=max_length)
         beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses, self.vocab_size)
+        use_cache = _checks.flags(use_cache=use_cache)
         source_ids = ops.convert_to_tensor(source_ids, "int32")
         call = call or (lambda fn, *args: fn(*args))
         if use_cache:
@@ -166,6 +167,7 @@ class Translating:
             raise NotImplementedError("`translate` does not run on Keras' openvino backend: its tensors are symbolic "
                                       "inside the search. Use tensorflow, jax, torch or numpy")
         beam_size, num_hypotheses = _checks.beam(beam_size, num_hypotheses, self.vocab_size)
+        use_cache, return_scores = _checks.flags(use_cache=use_cache, return_scores=return_scores)
         source_ids = _integer_ids(source_ids)
         if len(source_ids.shape) != 2:
             raise ValueError(f"`source_ids` must be (batch, length). Received: shape={tuple(source_ids.shape)}")
