@@ -180,7 +180,8 @@ class Translating:
         if min_length > max_length:
             raise ValueError(f"`min_length` must be at most the longest output, {max_length}. "
                              f"Received: min_length={min_length}")
-        # Greedy search reads the penalty only for its scores: only then may it not overflow.
+        # Greedy search reads the penalty only for its scores (a beam search always scores):
+        # only then may it not overflow.
         scored = beam_size > 1 or return_scores
         _checks.length_penalties(length_penalty=length_penalty, max_length=max_length if scored else None)
         if batch == 0:  # nothing to search: empty results of the shapes a search returns
@@ -195,10 +196,8 @@ class Translating:
         mode = "default" if compile is True else compile
 
         source_ids = ops.cast(source_ids, "int32")
-        # A greedy search computes scores only when asked (a beam search always does).
         settings = dict(beam_size=int(beam_size), length_penalty=float(length_penalty), min_length=int(min_length),
-                        use_cache=bool(use_cache), num_hypotheses=num_hypotheses,
-                        greedy_scores=bool(return_scores) or beam_size > 1)
+                        use_cache=use_cache, num_hypotheses=num_hypotheses, greedy_scores=scored)
         # Most outputs end long before the longest allowed: searching first with a short
         # buffer (what every step reads and reorders) gives the same result when it
         # ends in time, and the full search runs only when it did not.
