@@ -98,6 +98,9 @@ def greedy_search(
         and then padding. `[START]` is not included. With `return_scores=True`, then
         the `(N,)` scores; with `return_complete=True`, then `complete`.
     """
+    if return_scores:  # as beam search checks its penalty: a score divides by it
+        _checks.length_penalties(length_penalty_alpha=length_penalty_alpha,
+                                 max_length=max_length if isinstance(max_length, int) else None)
     alpha = float(length_penalty_alpha)
     tokens = ops.concatenate(
         [ops.full((batch_size, 1), start_id, "int32"), ops.full((batch_size, max_length), pad_id, "int32")], axis=1

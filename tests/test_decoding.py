@@ -239,6 +239,9 @@ def test_bad_arguments():
             model.translate(_source(), length_penalty=alpha)
     with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):
         decoding.beam_search(lambda *a: None, {}, 1, 3, start_id=2, end_id=3, pad_id=0, length_penalty_alpha=float("nan"))
+    with pytest.raises(ValueError, match="`length_penalty_alpha` must be a finite number"):
+        decoding.greedy_search(lambda *a: None, {}, 1, 3, start_id=2, end_id=3, pad_id=0, return_scores=True,
+                               length_penalty_alpha=float("nan"))
 
 
 def test_a_length_penalty_that_overflows_float32_is_refused():
