@@ -566,18 +566,85 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
 
 
 def test_an_atomic_write_never_puts_a_file_in_place_of_a_folder_or_a_folder_of_a_file(tmp_path):
-    from keras_transformer.tools import files
+    from keras_transformer.tools import atomic
 
     (tmp_path / "folder" / "sub").mkdir(parents=True)
     (tmp_path / "file.txt").write_text("mine")
     with pytest.raises(ValueError, match="folder is a directory; writing a file there would replace it"):
-        files.write_text(tmp_path / "folder", "text")
+        atomic.write_text(tmp_path / "folder", "text")
     with pytest.raises(ValueError, match="file.txt is a file; writing a directory there would replace it"):
-        with files.atomic_write(tmp_path / "file.txt") as tmp:
+        with atomic.atomic_write(tmp_path / "file.txt") as tmp:
             tmp.mkdir()
     assert sorted(os.listdir(tmp_path)) == ["file.txt", "folder"] and os.listdir(tmp_path / "folder") == ["sub"]
-    files.write_text(tmp_path / "file.txt", "new")  # a file replaces a file
+    atomic.write_text(tmp_path / "file.txt", "new")  # a file replaces a file
     assert (tmp_path / "file.txt").read_text() == "new"
+
+
+# Writes one file and one directory `times` times, in `threads` threads, each write
+# marked with its writer; loads `keras_transformer.tools.files` without the library.
+WRITERS = """
+import importlib.util, pathlib, sys, threading
+sys.modules["keras_transformer"] = importlib.util.module_from_spec(importlib.util.find_spec("keras_transformer"))
+from keras_transformer.tools import atomic
+out, name, threads, times = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def write(me):
+    for i in range(times):
+        atomic.write_text(out / "out.txt", f"{me} {i}\\n" * 2000)
+        with atomic.atomic_write(out / "dir") as tmp:
+            tmp.mkdir()
+            for part in ("a", "b"):
+                (tmp / part).write_text(f"{me} {i}")
+workers = [threading.Thread(target=write, args=(f"{name}.{k}",)) for k in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+"""
+
+
+@only_on("torch", "atomic writes are the tools' own Python and the file system's renames, the same for every backend")
+def test_writers_of_one_target_in_threads_and_processes_each_write_it_whole(tmp_path):
+    # One temporary name per target: a second writer removed the first's temporary as a
+    # killed writer's leftover, and two threads exporting one model failed at once.
+    writers = [subprocess.Popen([sys.executable, "-c", WRITERS, str(tmp_path), name, "3", "40"], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in ("p", "q")]
+    for writer in writers:
+        out, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0 and not err, err[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["dir", "out.txt"]  # nothing left beside the targets
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert len(lines) == 2000 and len(set(lines)) == 1  # one writer's whole text
+    assert sorted(os.listdir(tmp_path / "dir")) == ["a", "b"]
+    assert (tmp_path / "dir" / "a").read_text() == (tmp_path / "dir" / "b").read_text()
+
+
+def test_a_write_removes_what_a_killed_writer_left_and_nothing_a_running_one_writes(tmp_path):
+    from keras_transformer.tools import atomic
+    from keras_transformer.tools.config import TrainConfig
+    from keras_transformer.tools.run_setup import check_output_dir
+
+    ended = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, timeout=60).stdout)
+    left = [f"checkpoint.tmp-{ended}-{ended}.npz", "checkpoint.tmp.npz"]  # an earlier version's name too
+    kept = [f"checkpoint.tmp-{os.getppid()}-1.npz", f"model.tmp-{ended}-{ended}.keras", "checkpoint.tmp-1-2.json"]
+    for name in left + kept:
+        (tmp_path / name).write_text("part")
+    atomic.write_text(tmp_path / "checkpoint.npz", "whole")
+    assert sorted(os.listdir(tmp_path)) == sorted(["checkpoint.npz", *kept])
+    # A directory's write removes its own leftovers: its temporary, and the old one set aside.
+    (tmp_path / f"best.old-{ended}-{ended}").mkdir()
+    (tmp_path / "best.tmp").mkdir()
+    with atomic.atomic_write(tmp_path / "best") as tmp:
+        tmp.mkdir()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("best.")]
+    for name, target in (("tokenizer.tmp-3-4", "tokenizer"), ("best.old-3-4", "best"), ("best.old", "best"),
+                         ("config.tmp.json", "config.json"), ("x.tmp", "x"), ("notes.txt", "notes.txt")):
+        assert atomic.target_name(name) == target, name
+    # What a run killed as it wrote its config left is a run's, not a stranger's, file.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f"config.tmp-{ended}-{ended}.json").write_text("{")
+    assert check_output_dir(run, TrainConfig()) is False
 
 
 # Runs the command in a child that kills itself (SIGKILL) just before the `nth` atomic

@@ -16,7 +16,7 @@ import time
 import keras
 
 from keras_transformer.defaults import VALIDATION_BEAM_SIZE
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 from keras_transformer.tools.checkpoints import (  # noqa: F401 - the callbacks users import from here
     BestCheckpoints,
     CheckpointAverager,
@@ -146,7 +146,7 @@ def plot_training_curves(csv_path, png_path, steps_per_epoch: int, steps: int | 
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    with files.atomic_write(png_path) as tmp:
+    with atomic.atomic_write(png_path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")
     return True
 

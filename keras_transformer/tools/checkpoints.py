@@ -5,7 +5,7 @@ model (`encoder/encoder_block_0/self_attention/query_dense/kernel`; optimizer sl
 path of their weight), so it is the same whatever backend wrote it and a change in the
 order of a model's layers still loads every array into its own weight. Files written
 before weights were named (`v00000`, ... in the order of `model.weights`) still load,
-every shape checked. Every file is written with `files.atomic_write`, so a process killed
+every shape checked. Every file is written with `atomic.atomic_write`, so a process killed
 at any moment leaves either the previous file or the new one, never a half-written one.
 """
 
@@ -18,11 +18,11 @@ import zipfile
 import keras
 import numpy as np
 
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 
 
 def _save_npz(path: pathlib.Path, **arrays) -> None:
-    with files.atomic_write(path) as tmp:
+    with atomic.atomic_write(path) as tmp:
         np.savez(tmp, **arrays)
 
 
@@ -328,7 +328,7 @@ class BestCheckpoints(_CheckpointKeeper):
         keep = self.ranked(scores)[: self.num_checkpoints]
         if epoch + 1 in keep:
             self._save(epoch + 1)
-        files.write_json(self.directory / self.RECORD, {"scores": {str(e): list(v) for e, v in sorted(scores.items())},
+        atomic.write_json(self.directory / self.RECORD, {"scores": {str(e): list(v) for e, v in sorted(scores.items())},
                                                         "best_epoch": keep[0], "metric": self.metric})
         for path in self.directory.glob("checkpoint_*.npz"):
             if int(path.stem.split("_")[1]) not in keep:

@@ -36,7 +36,7 @@ import numpy as np
 
 # Keras is imported inside the functions that read a model: the command line's checks
 # (`quantizations`, `check_tokenizer_kind`) run before any backend loads.
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 
 FORMAT = "ctranslate2"
 _ACTIVATIONS = ("relu", "gelu")
@@ -120,7 +120,7 @@ def export_ctranslate2(model, tokenizer, path, quantization: str | None = None,
     files.check_replacement(path, "ctranslate2")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with files.atomic_write(path) as tmp:
+    with atomic.atomic_write(path) as tmp:
         convert_model(model, tokenizer.vocabulary, tmp, quantization, max_positions)
         model_file = tokenizer.MODEL_FILE
         (tmp / model_file).write_bytes(tokenizer.model_proto)

@@ -13,7 +13,7 @@ import numpy as np
 from keras_transformer import _checks
 from keras_transformer.defaults import (BEAM_SIZE, DECODE_BATCH_TOKENS, DECODE_MAX_BATCH, LENGTH_PENALTY,
                                         MAX_EXTRA_LENGTH, MAX_INPUT_LENGTH, QUANTIZE_MODES)
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 from keras_transformer.tools.files import RunDirError
 
 
@@ -266,10 +266,10 @@ def write_lines(path, lines) -> None:
     if path.name.endswith(".gz"):
         import gzip
 
-        with files.atomic_write(path) as tmp:
+        with atomic.atomic_write(path) as tmp:
             tmp.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
     else:
-        files.write_text(path, text)
+        atomic.write_text(path, text)
 
 
 def dumps(data) -> str:

@@ -25,7 +25,7 @@ import keras
 from keras_transformer import _checks
 from keras_transformer.defaults import (BEAM_SIZE, LENGTH_PENALTY, MAX_EXTRA_LENGTH, MAX_INPUT_LENGTH,
                                         MAX_LENGTH_PENALTY)
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 
 
 def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length_penalty: float = LENGTH_PENALTY,
@@ -67,7 +67,7 @@ def export_translator(model, tokenizer, path, beam_size: int = BEAM_SIZE, length
     path = pathlib.Path(path)
     if keras.backend.backend() == "tensorflow":
         path.parent.mkdir(parents=True, exist_ok=True)
-        with files.atomic_write(path) as tmp:  # a failed export leaves the old SavedModel
+        with atomic.atomic_write(path) as tmp:  # a failed export leaves the old SavedModel
             _export_here(model, tokenizer, tmp, beam_size, length_penalty, max_extra_length, max_input_length)
         return path
     with tempfile.TemporaryDirectory() as tmp:

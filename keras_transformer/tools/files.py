@@ -1,15 +1,7 @@
-"""Files of the tools: atomic writes, where a run directory keeps its model, and what an
-export may replace.
-
-Atomic writes are the one way the tools write a file or directory that must never be
-seen half-written (everything a run directory needs to resume, and every result).
-
-The content goes to a temporary name beside the target (`name.tmp.ext`, so that writers
-that read the extension still work), is flushed to disk (fsync), and is renamed into
-place; the rename is atomic, so a process killed at any moment leaves the old version
-or the new one, never a mix.
+"""Files of the tools: where a run directory keeps its model, what an export may replace,
+and the run's lock. Whatever must never be seen half-written is written through
+`keras_transformer.tools.atomic`.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +9,6 @@ import errno
 import json
 import os
 import pathlib
-import shutil
 import tempfile
 
 
@@ -187,7 +178,7 @@ def creation_problem(path, run_dir=None) -> str | None:
     return None
 
 
-# The directories the tools write as a whole (`atomic_write`), by kind: the file that marks
+# The directories the tools write as a whole (`atomic.atomic_write`), by kind: the file that marks
 # an earlier one, which a new one replaces, and what to call them.
 WHOLE_DIRECTORIES = {
     "savedmodel": ("saved_model.pb", "SavedModel export", "SavedModel"),
@@ -216,47 +207,6 @@ def check_replacement(path, kind: str) -> None:
     problem = replacement_problem(path, kind)
     if problem:
         raise ValueError(f"{path} {problem}")
-
-
-def temporary_path(path) -> pathlib.Path:
-    """The temporary name a write to `path` uses: `checkpoint.tmp.npz` for `checkpoint.npz`."""
-    path = pathlib.Path(path)
-    return path.with_name(f"{path.stem}.tmp{path.suffix}")
-
-
-@contextlib.contextmanager
-def atomic_write(path):
-    """Yield a temporary path to write `path` through; on success it replaces `path`.
-
-    Works for a file or a directory (write the directory's files into the yielded
-    path). A symbolic link stays one: what it leads to is replaced. On an exception
-    the temporary is removed and `path` is left as it was.
-    """
-    path = pathlib.Path(path)
-    if path.is_symlink():  # write where the link leads, and keep the link
-        path = pathlib.Path(os.path.realpath(path))
-    tmp = temporary_path(path)
-    _remove(tmp)  # a leftover of a killed writer
-    try:
-        yield tmp
-        if path.exists() and path.is_dir() != tmp.is_dir():  # a file never replaces a folder, nor a folder a file
-            kinds = ("directory", "file") if path.is_dir() else ("file", "directory")
-            raise ValueError(f"{path} is a {kinds[0]}; writing a {kinds[1]} there would replace it")
-        _fsync_tree(tmp)
-        if path.is_dir():  # `path` is no link here: a link was followed above
-            # A directory cannot be replaced by rename while it holds files: move the
-            # old one aside first (a kill here leaves the old one under `.old`).
-            old = path.with_name(path.name + ".old")
-            _remove(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-        _fsync_directory(path.parent)
-    except BaseException:
-        _remove(tmp)
-        raise
 
 
 @contextlib.contextmanager
@@ -313,43 +263,3 @@ def load_npz(path):
     if not zipfile.is_zipfile(path):
         raise zipfile.BadZipFile("not an .npz archive: damaged, cut short or another kind of file")
     return np.load(path)
-
-
-def write_text(path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically."""
-    with atomic_write(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
-def write_json(path, data) -> None:
-    """Write `data` as indented JSON to `path` atomically."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def _remove(path: pathlib.Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _fsync_tree(path: pathlib.Path) -> None:
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-    for f in files:
-        with open(f, "rb") as handle:
-            os.fsync(handle.fileno())
-    if path.is_dir():
-        _fsync_directory(path)
-
-
-def _fsync_directory(path: pathlib.Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not every platform opens directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

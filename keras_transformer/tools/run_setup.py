@@ -11,7 +11,7 @@ import dataclasses
 import os
 import pathlib
 
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.corpus_kinds import CORPORA, CORPUS_FILES
 
@@ -35,12 +35,6 @@ MIN_TRAIN_PAIRS = 100
 UNK_WARNING = 0.02
 # Share of the training pairs longer than --max-length above which the setting is reported.
 TOO_LONG_WARNING = 0.05
-
-
-def _own_names() -> set[str]:
-    names = set(files.RUN_FILES)
-    names |= {files.temporary_path(n).name for n in files.RUN_FILES} | {n + ".old" for n in files.RUN_FILES}
-    return names
 
 
 def _some(names: list[str]) -> str:
@@ -72,7 +66,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     config_file = directory / "config.json"
     if not config_file.exists():
         held = set(os.listdir(directory)) if directory.is_dir() else set()
-        foreign = sorted(held - _own_names())
+        foreign = sorted(n for n in held if atomic.target_name(n) not in files.RUN_FILES)
         if foreign:
             raise RunError(
                 f"--output-dir {directory} is not empty and holds no run ({_some(foreign)}); "

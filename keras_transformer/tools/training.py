@@ -33,7 +33,7 @@ from keras_transformer.models.transformer import Transformer
 from keras_transformer.schedules import transformer_optimizer
 from keras_transformer.tools import callbacks as kt_callbacks
 from keras_transformer.tools import cluster as cluster_lib
-from keras_transformer.tools import collectives, distributed_fit, files, run_setup
+from keras_transformer.tools import atomic, collectives, distributed_fit, files, run_setup
 from keras_transformer.tools.config import RunError, TrainConfig, busy_error
 
 __all__ = ["RunError", "TrainConfig", "build_model", "train"]
@@ -146,11 +146,11 @@ def _train(config, output_dir, corpus, callbacks, cluster, verbose, pause) -> di
             output_dir.mkdir(parents=True, exist_ok=True)
             held.enter_context(files.lock(output_dir / "train.lock", busy))
             if not resuming:
-                files.write_json(output_dir / "config.json", dataclasses.asdict(config))
+                atomic.write_json(output_dir / "config.json", dataclasses.asdict(config))
                 print(f"a new run in {output_dir}: stopped or killed, the same command resumes it", flush=True)
             if not (output_dir / "tokenizer").is_dir() or not resuming:
                 tokenizer.save(output_dir / "tokenizer")
-            files.write_json(output_dir / "data.json", data)
+            atomic.write_json(output_dir / "data.json", data)
         collectives.barrier(cluster, "run directory written")
         if tokenizer is None:  # the chief's vocabulary
             tokenizer = files.load_run_tokenizer(output_dir / "tokenizer")
@@ -257,7 +257,7 @@ def _finish(model, config, output_dir, corpus, tokenizer, best, last, interrupti
         with interruptible:
             results = model.evaluate(test_data, return_dict=True, verbose=0, callbacks=[interruptible])
         metrics.update({f"test_{k}": float(v) for k, v in results.items()})
-    files.write_json(output_dir / "metrics.json", metrics)
+    atomic.write_json(output_dir / "metrics.json", metrics)
     print(f"the run is in {output_dir}: evaluate, translate or export it with --run-dir {output_dir}; its metrics:",
           flush=True)
     print(json.dumps(metrics), flush=True)
@@ -318,13 +318,13 @@ def _save_models(model, config, output_dir, best, last) -> None:
     if best is not None and best.checkpoints():
         # best/model.keras: the single epoch with the best validation BLEU.
         kt_callbacks.average_checkpoints(model, best.checkpoints()[:1])
-        with files.atomic_write(output_dir / "best" / "model.keras") as tmp:
+        with atomic.atomic_write(output_dir / "best" / "model.keras") as tmp:
             model.save(tmp)
         if config.average_from == "best":
             kt_callbacks.average_checkpoints(model, best.checkpoints())
         else:
             kt_callbacks.set_weights(model, final)
-    with files.atomic_write(output_dir / "model.keras") as tmp:
+    with atomic.atomic_write(output_dir / "model.keras") as tmp:
         model.save(tmp)
 
 

@@ -64,7 +64,7 @@ def run(args) -> int:
 
     import keras
 
-    from keras_transformer.tools import evaluation, export, files
+    from keras_transformer.tools import atomic, evaluation, export
     from keras_transformer.tools.run_setup import load_corpus
     from keras_transformer.tools.training import train
 
@@ -101,7 +101,7 @@ def run(args) -> int:
     summary = dict(scores, backend=keras.backend.backend(), wall_seconds=round(time.time() - start, 1),
                    train_steps=metrics["steps"], train_seconds=round(train_seconds, 1),
                    decode_seconds=round(decode_seconds, 1))
-    files.write_json(out / "demo.json", summary)
+    atomic.write_json(out / "demo.json", summary)
     print(serving_instructions(out / "translator"))
     print(f"done in {summary['wall_seconds']:.0f} s; summary in {out / 'demo.json'}")
     return 0

@@ -28,7 +28,7 @@ import tensorflow_text as tf_text
 
 from keras_transformer import _checks
 from keras_transformer.defaults import END_ID, PAD_ID, START_ID, UNK_ID
-from keras_transformer.tools import files
+from keras_transformer.tools import atomic, files
 
 PAD, UNK, START, END = "[PAD]", "[UNK]", "[START]", "[END]"
 RESERVED_TOKENS = (PAD, UNK, START, END)
@@ -205,7 +205,7 @@ class Tokenizer(tf.Module):
         directory = pathlib.Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
         # All files or none: the directory is written beside and renamed into place.
-        with files.atomic_write(directory) as tmp:
+        with atomic.atomic_write(directory) as tmp:
             tmp.mkdir()
             (tmp / "vocab.txt").write_text("\n".join(self._vocab_list) + "\n", encoding="utf-8")
             self._save_model(tmp)
