@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import keras
 import numpy as np
 
 from keras_transformer.defaults import MAX_INT
@@ -144,6 +145,24 @@ def labels_and_logits(where: str, y_true, y_pred) -> None:
                                              for a, b in zip(labels, logits)):
         raise ValueError(f"{where}the labels must be shaped like the logits less their last axis ((B, T) for "
                          f"(B, T, V)). Received: y_true.shape={labels}, y_pred.shape={logits}")
+
+
+def cache_position(where: str, cache_index, new_positions, cache_length) -> None:
+    """Refuse a cache position that is not an integer, or (a Python integer, with the
+    lengths known) whose `new_positions` written from it would not fit in the cache's
+    `cache_length` positions: JAX clamped such a write into the cache without a word, and
+    PyTorch wrote at a float position's integer part."""
+    if hasattr(cache_index, "dtype"):
+        dtype = keras.backend.standardize_dtype(cache_index.dtype)
+        if "int" not in dtype:
+            raise ValueError(f"{where}`cache_index` must be an integer. Received: dtype={dtype}")
+        return
+    if isinstance(cache_index, bool) or not isinstance(cache_index, numbers.Integral):
+        raise ValueError(f"{where}`cache_index` must be an integer. Received: cache_index={cache_index!r}")
+    if cache_index < 0 or None not in (new_positions, cache_length) and cache_index + new_positions > cache_length:
+        raise ValueError(f"{where}`cache_index` must leave room for the {new_positions} new position(s) in a cache of "
+                         f"{cache_length} positions: in [0, {cache_length} - {new_positions}]. "
+                         f"Received: cache_index={cache_index}")
 
 
 def largest_beam(vocab_size: int) -> int:

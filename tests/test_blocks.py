@@ -139,6 +139,29 @@ def test_cache_without_index_is_refused():
         block(np.zeros((1, 1, 8), "float32"), cache=cache)
 
 
+def test_a_cache_position_that_is_not_an_integer_or_leaves_the_cache_is_refused():
+    # JAX clamped a write at -1, or past the cache's end, into the cache without a word;
+    # PyTorch wrote at 2.5's integer part; the positional encoding computed position -3.
+    block = kt.layers.DecoderBlock(num_heads=2, d_ff=16)
+    block.build((None, None, 8))
+    cache = block.init_cache(1, 4)
+    one, two = np.ones((1, 1, 8), "float32"), np.ones((1, 2, 8), "float32")
+    room = r"`cache_index` must leave room for the {} new position\(s\) in a cache of 4 positions"
+    for x, index, message in ((one, -1, room.format(1)), (one, 4, room.format(1)), (two, 3, room.format(2)),
+                              (one, 2.5, "`cache_index` must be an integer"), (one, True, "must be an integer"),
+                              (one, np.float32(1), "must be an integer. Received: dtype=float32")):
+        with pytest.raises(ValueError, match=message):
+            block(x, cache=cache, cache_index=index)
+    # The last positions that fit are written, and only they.
+    for x, index in ((one, 3), (two, 2), (one, keras.ops.convert_to_tensor(3, "int32"))):
+        _, written = block(x, cache=cache, cache_index=index)
+        keys = keras.ops.convert_to_numpy(written["self_attention"][0])  # (B, h, L, d_k)
+        filled = np.abs(keys).sum(axis=(0, 1, 3)) > 0
+        assert filled.tolist() == [i >= 4 - x.shape[1] for i in range(4)], (index, filled)
+    with pytest.raises(ValueError, match="`start_index` must be an integer >= 0"):
+        kt.layers.SinusoidalPositionalEncoding()(one, start_index=-3)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: kt.layers.EncoderBlock(2, 8, layer_norm_epsilon=-1.0), "`layer_norm_epsilon` must be a finite number > 0"),
     (lambda: kt.layers.DecoderBlock(2, 8, attention_dropout=2.0), r"`attention_dropout` must be in \[0, 1\)"),

@@ -200,7 +200,7 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         if cache is not None:
-            self._check_cache(cache)
+            self._check_cache(cache, cache_index, query)
         # Row b of the queries attends to row b of the keys and values: one batch size.
         self._check_batch(query, [("cache", cache[0])] if cache is not None else [("value", value), ("key", key)])
         # (B, T_q, h, d_k)
@@ -219,16 +219,13 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.window is not None and cache is None:
             if attention_mask is not None or return_attention_scores:
                 raise ValueError(
-                    f"Layer '{self.name}': with `window`, attention is computed block-wise and "
-                    "no (T_q, T_k) matrix exists, so `attention_mask` and "
-                    "`return_attention_scores` are not available; use `value_mask` for padding. "
-                    f"Received: attention_mask={attention_mask is not None}, "
+                    f"Layer '{self.name}': with `window`, attention is computed block-wise and no (T_q, T_k) matrix "
+                    "exists, so `attention_mask` and `return_attention_scores` are not available; use `value_mask` "
+                    f"for padding. Received: attention_mask={attention_mask is not None}, "
                     f"return_attention_scores={return_attention_scores}"
                 )
-            attended = kt_ops.windowed_attention(
-                q, k, v, self.window, key_mask=value_mask, causal=use_causal_mask,
-                dropout=self.dropout, training=training, seed=self.seed_generator,
-            )
+            attended = kt_ops.windowed_attention(q, k, v, self.window, key_mask=value_mask, causal=use_causal_mask,
+                                                 dropout=self.dropout, training=training, seed=self.seed_generator)
             return self._merge_heads(attended)
 
         mask = self._attention_mask(
@@ -330,11 +327,13 @@ class MultiHeadAttention(keras.layers.Layer):
                                  f"the queries attends to row b of the keys and values. Received: query.shape="
                                  f"{tuple(query.shape)}, {name}.shape={tuple(x.shape)}")
 
-    def _check_cache(self, cache):
+    def _check_cache(self, cache, cache_index, query):
         if not isinstance(cache, (tuple, list)) or len(cache) != 2 or any(len(c.shape) != 4 for c in cache):
             got = [tuple(c.shape) for c in cache] if isinstance(cache, (tuple, list)) else tuple(cache.shape)
             raise ValueError(f"Layer '{self.name}': `cache` must be `(keys, values)`, `(B, h, L, d_k)` and "
                              f"`(B, h, L, d_v)`, as `init_cache` and `compute_cache` make them. Received: {got}")
+        if cache_index is not None:
+            _checks.cache_position(f"Layer '{self.name}': ", cache_index, query.shape[1], cache[0].shape[2])
 
     @staticmethod
     def _heads_first(x):

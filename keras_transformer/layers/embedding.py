@@ -50,6 +50,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, start_index=0):
+        if not hasattr(start_index, "dtype"):  # a Python position: a count (a tensor's is the caller's)
+            _checks.counts(f"Layer '{self.name}': ", start_index=start_index)
         shape = ops.shape(inputs)
         length, d_model = shape[-2], inputs.shape[-1]
         positions = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
