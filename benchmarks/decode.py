@@ -71,8 +71,9 @@ def measure(args) -> dict:
     if args.engine == "ctranslate2":
         return measure_ctranslate2(args, model, source)
     # The same weights after Keras' `model.quantize("int8")` (Dense kernels int8, per output channel).
-    quantized = kt.models.Transformer.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
+    quantized = None
     if "int8" in args.variants:
+        quantized = kt.models.Transformer.from_preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)
         quantized.build()
         quantized.set_weights(model.get_weights())
         quantize_model(quantized, "int8")
