@@ -244,6 +244,30 @@ def test_bad_arguments():
                                length_penalty_alpha=float("nan"))
 
 
+
+def test_a_search_whose_cache_cannot_fit_in_memory_is_refused_before_it_starts(monkeypatch):
+    # PyTorch's process was killed by the system (its zeros were allocated, and the first
+    # steps that read them ended it); JAX's out-of-memory error came when the result was read.
+    from keras_transformer.models import translating
+
+    model = _model()
+    if not translating._on_cpu(model.variables[0]):
+        pytest.skip("the search's cache is checked against the memory of the machine, for a model on its CPU")
+    # 2 layers x 2 heads x (8 + 8) key and value channels x 4 bytes per position and row.
+    needed = 3 * 2 * 12 * 256  # 3 sentences x beam 2 x 12 positions
+    with pytest.raises(MemoryError, match=re.escape(
+            "The search's cache needs 1397.0 GiB (3 x 2 rows (batch x beam) x 976562500 positions x 256 bytes), "
+            "more than this machine's ")):
+        model.translate(_source(), beam_size=2, max_length=976562500, min_length=976562500)
+    monkeypatch.setattr(translating, "memory_bytes", lambda: needed)
+    assert model.translate(_source(), beam_size=2, max_length=12, min_length=12).shape == (3, 12)  # just fits
+    with pytest.raises(MemoryError, match=r"x 13 positions x 256 bytes\), more than this machine's 0.0 GiB"):
+        model.translate(_source(), beam_size=2, max_length=13, min_length=13)
+    assert model.translate(_source(), beam_size=2, max_length=13, min_length=13, use_cache=False).shape == (3, 13)
+    monkeypatch.setattr(translating, "memory_bytes", lambda: None)  # a system that does not say
+    assert model.translate(_source(), beam_size=2, max_length=13, min_length=13).shape == (3, 13)
+
+
 def test_a_length_penalty_that_overflows_float32_is_refused():
     # alpha = 60 with outputs of 70 tokens: ((5 + 70) / 6)^60 is past float32, every long
     # hypothesis scored -0.0 and the search returned any of them. The message gives the

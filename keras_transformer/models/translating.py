@@ -8,6 +8,9 @@ output ids is here. It needs from the model `init_cache`, `step`, `uncached_step
 
 from __future__ import annotations
 
+import os
+import re
+
 import keras
 import numpy as np
 from keras import ops
@@ -162,6 +165,11 @@ class Translating:
             Integer `(B, max_length)`: output tokens, `[END]`, then `pad_id`; and the
             scores if `return_scores`. With `num_hypotheses=n > 1`: `(B, n, max_length)`
             best first, and `(B, n)` scores.
+
+        Raises:
+            MemoryError: For a model on the CPU, when the cached search's buffer
+                (`B x beam_size x max_length` positions of every decoder layer's keys and
+                values) would need more than the machine's memory.
         """
         if keras.backend.backend() == "openvino":  # it failed inside: "An OpenVINOKerasTensor is symbolic"
             raise NotImplementedError("`translate` does not run on Keras' openvino backend: its tensors are symbolic "
@@ -204,6 +212,8 @@ class Translating:
         first = min(max_length, first_search_length(int(source_ids.shape[1])))
         short = min_length <= first < max_length  # an output must have room for `[END]`
         for length in ([first] if short else []) + [max_length]:
+            if use_cache:
+                self._check_cache_fits(batch, beam_size, length)
             tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)
             if length == max_length or bool(complete):
                 break
@@ -211,6 +221,23 @@ class Translating:
             padding = [[0, 0]] * (len(tokens.shape) - 1) + [[0, max_length - length]]
             tokens = ops.pad(tokens, padding, constant_values=self.pad_id)
         return (tokens, scores) if return_scores else tokens
+
+    def _check_cache_fits(self, batch, beam_size: int, max_length) -> None:
+        """Refuse, with `MemoryError`, a search whose self-attention cache alone would not fit
+        in the memory of the machine the model runs on, its CPU: on PyTorch the system killed
+        the process (the zeros were allocated, and the first steps that read them ended it);
+        JAX's error came only when the result was read."""
+        if not _on_cpu(self.variables[0]):
+            return
+        attentions = [block.self_attention for block in self.decoder.blocks]
+        per_position = sum(a.num_heads * (a._key_dim + a._value_dim) * _itemsize(a.compute_dtype) for a in attentions)
+        needed, memory = batch * beam_size * max_length * per_position, memory_bytes()
+        if memory is not None and needed > memory:
+            raise MemoryError(
+                f"The search's cache needs {needed / 2**30:.1f} GiB ({batch} x {beam_size} rows (batch x beam) x "
+                f"{max_length} positions x {per_position} bytes), more than this machine's {memory / 2**30:.1f} GiB: "
+                "ask for a shorter `max_length`, a smaller beam or fewer sentences at once"
+            )
 
     def _run_search(self, source_ids, length, bound_length, settings, compile, mode):
         """`search` with a buffer of `length`, compiled once per settings and variables."""
@@ -229,3 +256,32 @@ class Translating:
 
         key = (length, bound_length, *settings.values(), mode, tuple(map(id, variables)))
         return self._searches.get(key, make)(source_ids)
+
+
+def memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its control group's limit if
+    lower (a container's); `None` where the system does not say."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _on_cpu(variable) -> bool:
+    try:
+        return "cpu" in str(variable.value.device).lower()
+    except (AttributeError, ValueError):  # an array over several devices has no one device: not checked
+        return False
+
+
+def _itemsize(dtype: str) -> int:
+    return int(re.search(r"\d+", keras.backend.standardize_dtype(dtype)).group()) // 8
