@@ -618,7 +618,7 @@ def test_writers_of_one_target_in_threads_and_processes_each_write_it_whole(tmp_
     assert (tmp_path / "dir" / "a").read_text() == (tmp_path / "dir" / "b").read_text()
 
 
-def test_a_write_removes_what_a_killed_writer_left_and_nothing_a_running_one_writes(tmp_path):
+def test_a_write_removes_what_a_killed_writer_left_and_nothing_a_running_one_writes(tmp_path, monkeypatch):
     from keras_transformer.tools import atomic
     from keras_transformer.tools.config import TrainConfig
     from keras_transformer.tools.run_setup import check_output_dir
@@ -640,6 +640,12 @@ def test_a_write_removes_what_a_killed_writer_left_and_nothing_a_running_one_wri
     for name, target in (("tokenizer.tmp-3-4", "tokenizer"), ("best.old-3-4", "best"), ("best.old", "best"),
                          ("config.tmp.json", "config.json"), ("x.tmp", "x"), ("notes.txt", "notes.txt")):
         assert atomic.target_name(name) == target, name
+    # Two writers that find one leftover: the one that comes second finds it gone, and writes.
+    (tmp_path / f"notes.tmp-{ended}-{ended}.txt").write_text("part")
+    monkeypatch.setattr(atomic, "_remove", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    atomic.write_text(tmp_path / "notes.txt", "whole")
+    assert (tmp_path / "notes.txt").read_text() == "whole"
+    monkeypatch.undo()
     # What a run killed as it wrote its config left is a run's, not a stranger's, file.
     run = tmp_path / "run"
     run.mkdir()

@@ -62,7 +62,8 @@ def atomic_write(path):
         path = pathlib.Path(os.path.realpath(path))
     tmp = temporary_path(path)
     for leftover in _leftovers(path):
-        _remove(leftover)
+        with contextlib.suppress(FileNotFoundError):  # another writer of `path` removed it first
+            _remove(leftover)
     old = None
     try:
         yield tmp
