@@ -579,6 +579,8 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
                  ["translate", "--run-dir", run, "--output", str(tmp_path / "run_link" / "config.json"), "x"],
                  ["evaluate", "--run-dir", run, "--hypotheses", str(demo / "run" / "tokenizer" / "vocab.txt")],
                  ["export", "--run-dir", run, "--output", str(demo / "run" / "best")],
+                 ["translate", "--run-dir", run, "--output", str(demo / "run" / "config.tmp-1-1.json"), "x"],
+                 ["export", "--run-dir", run, "--output", str(demo / "run" / "best.old-1-1")],
                  ["export", "--run-dir", run, "--output", run]):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err

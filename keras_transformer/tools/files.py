@@ -11,6 +11,8 @@ import os
 import pathlib
 import tempfile
 
+from keras_transformer.tools import atomic
+
 
 # The names `train` writes in its output directory (and their temporary names): it
 # touches nothing else there, and no command writes its output over them.
@@ -153,7 +155,8 @@ def creation_problem(path, run_dir=None) -> str | None:
         real, run = pathlib.Path(os.path.realpath(path)), pathlib.Path(os.path.realpath(run_dir))
         if real == run:
             return "it is the run directory itself"
-        if real.is_relative_to(run) and real.relative_to(run).parts[0] in RUN_FILES:
+        # A run's file, or the temporary name `train` writes it through.
+        if real.is_relative_to(run) and atomic.target_name(real.relative_to(run).parts[0]) in RUN_FILES:
             return f"it is the run's own {real.relative_to(run).parts[0]}, which this would overwrite"
     if path.exists() and not (path.is_file() or path.is_dir()):  # followed through links, like a write
         return ("it is not a regular file (a device, a pipe or a socket), and the output is written under a "
