@@ -211,10 +211,14 @@ class Translating:
         # ends in time, and the full search runs only when it did not.
         first = min(max_length, first_search_length(int(source_ids.shape[1])))
         short = min_length <= first < max_length  # an output must have room for `[END]`
+        # A compiled search holds the variables it was made with: a model whose variables
+        # were replaced since (`quantize`, LoRA) gets a new one.
+        variables = self.variables
         for length in ([first] if short else []) + [max_length]:
             if use_cache:
-                self._check_cache_fits(batch, beam_size, length)
-            tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode)
+                self._check_cache_fits(batch, beam_size, length, variables[0])
+            tokens, scores, complete = self._run_search(source_ids, length, max_length, settings, compile, mode,
+                                                        variables)
             if length == max_length or bool(complete):
                 break
         if length < max_length:
@@ -222,12 +226,12 @@ class Translating:
             tokens = ops.pad(tokens, padding, constant_values=self.pad_id)
         return (tokens, scores) if return_scores else tokens
 
-    def _check_cache_fits(self, batch, beam_size: int, max_length) -> None:
+    def _check_cache_fits(self, batch: int, beam_size: int, max_length: int, variable) -> None:
         """Refuse, with `MemoryError`, a search whose self-attention cache alone would not fit
         in the memory of the machine the model runs on, its CPU: on PyTorch the system killed
         the process (the zeros were allocated, and the first steps that read them ended it);
         JAX's error came only when the result was read."""
-        if not _on_cpu(self.variables[0]):
+        if not _on_cpu(variable):  # one of the model's variables: where the model runs
             return
         attentions = [block.self_attention for block in self.decoder.blocks]
         per_position = sum(a.num_heads * (a._key_dim + a._value_dim) * _itemsize(a.compute_dtype) for a in attentions)
@@ -239,14 +243,11 @@ class Translating:
                 "ask for a shorter `max_length`, a smaller beam or fewer sentences at once"
             )
 
-    def _run_search(self, source_ids, length, bound_length, settings, compile, mode):
-        """`search` with a buffer of `length`, compiled once per settings and variables."""
+    def _run_search(self, source_ids, length, bound_length, settings, compile, mode, variables):
+        """`search` with a buffer of `length`, compiled once per settings and `variables`."""
         if compile is False:
             return self.search(source_ids, length, **settings, while_loop=decoding.eager_while_loop,
                                bound_length=bound_length, return_complete=True)
-        # A compiled search holds the variables it was made with: a model whose variables
-        # were replaced since (`quantize`, LoRA) gets a new one.
-        variables = self.variables
 
         def make():
             def search(ids, **runner):
