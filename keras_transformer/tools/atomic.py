@@ -31,7 +31,11 @@ def target_name(name: str) -> str:
     """The name a write's temporary or set-aside name stands for (`checkpoint.npz` for
     `checkpoint.tmp-12-12.npz`, `best` for `best.old-12-12`); any other name is itself."""
     match = _WRITE_NAME.fullmatch(name)
-    return match["stem"] + (match["suffix"] or "") if match else name
+    return _target(match) if match else name
+
+
+def _target(match: re.Match) -> str:
+    return match["stem"] + (match["suffix"] or "")
 
 
 # What `atomic_write` leaves beside a target if its process is killed: the temporary, or
@@ -120,7 +124,7 @@ def _leftovers(path: pathlib.Path) -> list[pathlib.Path]:
     found = []
     for name in names:
         match = _WRITE_NAME.fullmatch(name)
-        if not match or path.parent / target_name(name) != path:
+        if not match or path.parent / _target(match) != path:
             continue
         pid, tid = match["pid"] or match["old_pid"], match["tid"] or match["old_tid"]
         if pid is None:  # an earlier version's name

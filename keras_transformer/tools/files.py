@@ -22,6 +22,12 @@ RUN_FILES = (
 )
 
 
+def run_name(name: str) -> bool:
+    """Whether `name`, in a run directory, is one of the run's own (`RUN_FILES`, or the
+    temporary name `train` writes one through)."""
+    return atomic.target_name(name) in RUN_FILES
+
+
 class RunDirError(ValueError):
     """A run directory or checkpoint that cannot be used; the CLI exits with status 2."""
 
@@ -155,8 +161,7 @@ def creation_problem(path, run_dir=None) -> str | None:
         real, run = pathlib.Path(os.path.realpath(path)), pathlib.Path(os.path.realpath(run_dir))
         if real == run:
             return "it is the run directory itself"
-        # A run's file, or the temporary name `train` writes it through.
-        if real.is_relative_to(run) and atomic.target_name(real.relative_to(run).parts[0]) in RUN_FILES:
+        if real.is_relative_to(run) and run_name(real.relative_to(run).parts[0]):
             return f"it is the run's own {real.relative_to(run).parts[0]}, which this would overwrite"
     if path.exists() and not (path.is_file() or path.is_dir()):  # followed through links, like a write
         return ("it is not a regular file (a device, a pipe or a socket), and the output is written under a "

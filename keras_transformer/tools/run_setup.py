@@ -11,7 +11,7 @@ import dataclasses
 import os
 import pathlib
 
-from keras_transformer.tools import atomic, files
+from keras_transformer.tools import files
 from keras_transformer.tools.config import RunError, TrainConfig
 from keras_transformer.tools.corpus_kinds import CORPORA, CORPUS_FILES
 
@@ -66,7 +66,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     config_file = directory / "config.json"
     if not config_file.exists():
         held = set(os.listdir(directory)) if directory.is_dir() else set()
-        foreign = sorted(n for n in held if atomic.target_name(n) not in files.RUN_FILES)
+        foreign = sorted(n for n in held if not files.run_name(n))
         if foreign:
             raise RunError(
                 f"--output-dir {directory} is not empty and holds no run ({_some(foreign)}); "
