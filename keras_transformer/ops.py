@@ -179,7 +179,8 @@ def scaled_dot_product_attention(
     scores = ops.cast(scores, "float32") * scale
     if mask is not None:
         scores = ops.where(mask, scores, _large_negative("float32"))
-    weights = ops.softmax(scores, axis=-1)
+    # One key: its weight is 1, masked or not (Keras warns about a softmax over one value).
+    weights = ops.ones_like(scores) if scores.shape[-1] == 1 else ops.softmax(scores, axis=-1)
     weights = ops.cast(weights, compute_dtype)
     dropped = weights
     if use_dropout:

@@ -1,5 +1,6 @@
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -49,6 +50,28 @@ def test_fused_and_explicit_paths_agree_with_fully_masked_rows():
     np.testing.assert_allclose(fused, to_numpy(explicit), atol=1e-5)
     # No key allowed: the mean of the values, like the reference.
     np.testing.assert_allclose(fused[0, 2], v[0].mean(axis=0), atol=1e-5)
+
+
+def test_attention_over_one_key_gives_its_value_without_a_warning():
+    # A one-token source (an empty sentence is its [END] alone) made every decoder's
+    # cross-attention a softmax over one key, and Keras warned that it "is likely not
+    # what you intended".
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, tk=1)
+    mask = np.ones((2, 1, 5, 1), bool)
+    mask[1, :, 3] = False
+    expected, expected_w = _ref(q, k, v, mask)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, weights = kt.ops.scaled_dot_product_attention(q, k, v, mask=mask, return_attention_scores=True)
+        heads_first = [np.transpose(x, (0, 2, 1, 3)) for x in (k, v)]
+        fused = kt.ops.scaled_dot_product_attention(q, *heads_first, mask=mask, heads_first=True)
+        model = kt.models.Transformer(vocab_size=20, num_layers=1, d_model=8, num_heads=2, d_ff=8)
+        model.translate(np.array([[3]]), beam_size=2, max_length=3, compile=False)
+    np.testing.assert_allclose(to_numpy(weights), expected_w, atol=1e-6)
+    assert np.all(to_numpy(weights) == 1.0)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(fused), expected, atol=1e-5)
 
 
 def test_attention_dropout_only_in_training():
