@@ -139,12 +139,20 @@ def positive_numbers(where: str = "", **values):
 def labels_and_logits(where: str, y_true, y_pred) -> None:
     """Refuse labels whose shape is not the logits' less their last axis (`(B, T)` for
     `(B, T, V)`), where both shapes are known: targets not cut to the logits' length, or
-    one-hot labels, would otherwise fail inside the backend with its own message."""
+    one-hot labels, would otherwise fail inside the backend with its own message. Refuse
+    labels outside `[0, V)` where their values are on the host (eager): PyTorch read the
+    log-probability of such a label modulo V (pytorch/pytorch#196106), and -1 as the last class's."""
     labels, logits = tuple(y_true.shape), tuple(y_pred.shape)
     if len(labels) != len(logits) - 1 or any(a is not None and b is not None and a != b
                                              for a, b in zip(labels, logits)):
         raise ValueError(f"{where}the labels must be shaped like the logits less their last axis ((B, T) for "
                          f"(B, T, V)). Received: y_true.shape={labels}, y_pred.shape={logits}")
+    classes, readable = logits[-1], values(y_true, from_device=False)
+    if classes is not None and readable is not None and readable.size:
+        low, high = (int(v) if float(v).is_integer() else float(v) for v in (readable.min(), readable.max()))
+        if low < 0 or high >= classes:
+            raise ValueError(f"{where}the labels must be token ids in [0, {classes}) (the logits' last axis). "
+                             f"Received: min={low}, max={high}")
 
 
 def cache_position(where: str, cache_index, new_positions, cache_length) -> None:
@@ -211,3 +219,35 @@ def texts(value, name: str = "texts") -> list:
             raise ValueError(f"`{name}` must be UTF-8 text. Received: {name}[{i}]={text!r:.60} ({e.reason} at "
                              f"position {e.start})") from None
     return value
+
+
+def values(x, from_device: bool = True):
+    """`x` as a NumPy array where its values exist (eager), else `None`: a traced tensor
+    (`jax.jit`, `tf.function`, a `KerasTensor`, TorchDynamo's tracing) has none. With
+    `from_device=False`, also `None` for a tensor NumPy cannot read where it is (a PyTorch
+    tensor on a GPU), whose copy would wait for the work queued on the device."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, keras.KerasTensor) or torch_compiling():
+        return None
+    try:  # NumPy reads a CPU tensor of any backend where it is
+        return np.asarray(x)
+    except Exception:  # noqa: BLE001 - tracers and graph tensors have no values.
+        pass
+    if not from_device or not hasattr(x, "numpy"):  # a tracer or a graph tensor has no values to read
+        return None
+    try:  # a tensor NumPy cannot read where it is (a PyTorch tensor on a GPU)
+        return np.asarray(keras.ops.convert_to_numpy(x))
+    except Exception:  # noqa: BLE001 - PyTorch's fake tensors while exporting have no values.
+        return None
+
+
+def torch_compiling() -> bool:
+    """Whether TorchDynamo is tracing (`torch.compile`, Keras' `jit_compile=True` on
+    PyTorch): reading a tensor's values there broke the graph at every layer that checks
+    its ids, and would wait for the device at every step."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_compiling()

@@ -54,7 +54,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         y_true = ops.cast(y_true, "int32")
         logits = ops.cast(y_pred, "float32")
         log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)
-        nll = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1)
+        nll = -label_log_probs(log_probs, y_true)
         uniform = -ops.mean(log_probs, axis=-1)  # cross-entropy against eps / V on every class
         per_token = (1.0 - self.epsilon) * nll + self.epsilon * uniform
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
@@ -73,6 +73,18 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         config = super().get_config()
         config.update({"epsilon": self.epsilon, "pad_id": self.pad_id})
         return config
+
+
+def label_log_probs(log_probs, labels):
+    """`log_probs` `(B, T, V)` read at `labels` `(B, T)`: NaN where a label is not in
+    `[0, V)`, on every backend. Such labels are refused where their values can be read
+    (`_checks.labels_and_logits`); inside a compiled step PyTorch's gather read them modulo V
+    (pytorch/pytorch#196106), every backend read -1 as the last class and JAX gave NaN past
+    it: a plausible loss would hide the mistake."""
+    classes = log_probs.shape[-1]
+    inside = ops.logical_and(ops.greater_equal(labels, 0), ops.less(labels, classes))
+    picked = ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
+    return ops.where(inside, picked, float("nan"))
 
 
 def _replicas() -> int:

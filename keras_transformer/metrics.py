@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer import _checks
 from keras_transformer.defaults import PAD_ID
+from keras_transformer.losses import label_log_probs
 
 
 class _MaskedMean(keras.metrics.Metric):
@@ -83,8 +84,7 @@ class Perplexity(_MaskedMean):
         super().__init__(pad_id=pad_id, name=name, **kwargs)
 
     def _values(self, y_true, logits):
-        log_probs = ops.log_softmax(logits, axis=-1)
-        return -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1), -1)
+        return -label_log_probs(ops.log_softmax(logits, axis=-1), y_true)
 
     def result(self):
         return ops.exp(self._mean())

@@ -350,7 +350,7 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=N
             f"{where}: `{name}` must be an integer tensor of token ids. "
             f"Received: dtype={dtype}, shape={tuple(token_ids.shape)}"
         )
-    values = _concrete_numpy(token_ids)
+    values = _checks.values(token_ids)
     if values is None or values.size == 0:
         return
     low, high = int(values.min()), int(values.max())
@@ -359,32 +359,3 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=N
             f"{where}: `{name}` must be in [0, {vocab_size}) (vocab_size={vocab_size}). "
             f"Received: min={low}, max={high}"
         )
-
-
-def _concrete_numpy(x):
-    """`x` as a NumPy array when its values exist (eager), else `None` (traced)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, keras.KerasTensor) or _torch_compiling():
-        return None
-    try:  # NumPy reads a CPU tensor of any backend where it is
-        return np.asarray(x)
-    except Exception:  # noqa: BLE001 - tracers and graph tensors have no values.
-        pass
-    if not hasattr(x, "numpy"):  # a tracer or a graph tensor (neither has values to read)
-        return None
-    try:  # a tensor NumPy cannot read where it is (a PyTorch tensor on a GPU)
-        return np.asarray(ops.convert_to_numpy(x))
-    except Exception:  # noqa: BLE001 - PyTorch's fake tensors while exporting have no values.
-        return None
-
-
-def _torch_compiling() -> bool:
-    """Whether TorchDynamo is tracing (`torch.compile`, Keras' `jit_compile=True` on
-    PyTorch): reading a tensor's values there broke the graph at every layer that checks
-    its ids, and would wait for the device at every step."""
-    if keras.backend.backend() != "torch":
-        return False
-    import torch
-
-    return torch.compiler.is_compiling()

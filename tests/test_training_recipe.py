@@ -8,7 +8,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer.tools import callbacks as kt_callbacks
-from tests.conftest import only_on, to_numpy
+from tests.conftest import BACKEND, only_on, to_numpy
 
 
 def _logits_and_labels(seed=0):
@@ -57,6 +57,32 @@ def test_the_loss_and_the_metrics_refuse_labels_not_shaped_like_the_logits():
         for metric in (kt.metrics.MaskedAccuracy(), kt.metrics.Perplexity()):
             with pytest.raises(ValueError, match=f"Metric '{metric.name}': {message}"):
                 metric.update_state(bad, logits)
+
+
+def test_labels_that_are_not_token_ids_are_refused_where_read_and_nan_where_not():
+    # A model's vocabulary smaller than the labels': PyTorch's loss read such a label's
+    # log-probability modulo V (a plausible loss), JAX's was NaN.
+    logits, labels = _logits_and_labels()
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    for bad in (7, -1):
+        wrong = labels.copy()
+        wrong[1, 2] = bad
+        message = rf"the labels must be token ids in \[0, 7\) \(the logits' last axis\). Received: min={min(bad, 0)}, max="
+        with pytest.raises(ValueError, match=f"Loss 'label_smoothed_cross_entropy': {message}"):
+            kt.losses.LabelSmoothedCrossEntropy()(wrong, logits)
+        for metric in (kt.metrics.MaskedAccuracy(), kt.metrics.Perplexity()):
+            with pytest.raises(ValueError, match=f"Metric '{metric.name}': {message}"):
+                metric.update_state(wrong.astype("float32"), logits)
+        # What a compiled step computes, where the labels cannot be read: NaN at that label.
+        if BACKEND == "tensorflow" and bad == 7:  # its gather refuses a label past the last class itself
+            with pytest.raises(Exception, match=r"indices\[.*\] = -?[0-9]+ is not in \[0, 7\)"):
+                kt.losses.label_log_probs(log_probs, wrong)
+            continue
+        read = to_numpy(kt.losses.label_log_probs(log_probs, wrong))
+        assert np.isnan(read[1, 2]) and np.isnan(read).sum() == 1
+        inside = wrong != bad
+        np.testing.assert_allclose(read[inside], np.take_along_axis(log_probs, wrong[..., None] % 7, -1)[..., 0][inside],
+                                   rtol=1e-6)
 
 
 def test_masked_accuracy_and_perplexity():
