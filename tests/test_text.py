@@ -260,6 +260,33 @@ def test_tokenizer_bad_input():
         Tokenizer.build(["abcdefghijklmnopqrstuvwxyz"], vocab_size=needed - 1)
 
 
+def test_a_text_with_more_characters_than_fit_spells_its_rarest_as_bytes():
+    # A Chinese corpus (about 3,500 distinct characters) in the default 2,000 pieces was
+    # refused: every character needed a piece. With byte fallback the most frequent get one,
+    # at most three quarters of the pieces past the reserved and byte ones, and the rest
+    # are spelled as UTF-8 bytes. Here character i is in 160 - i // 5 of the texts.
+    from keras_transformer.tools.run_setup import data_statistics
+    from keras_transformer.tools.text.vocabulary import vocabulary_for_characters
+
+    chars = [chr(0x4E00 + i) for i in range(800)]
+    texts = ["".join(chars[:n]) for n in range(5, 801, 5)]
+    tok = Tokenizer.build(texts, vocab_size=1024)
+    pieces = set(tok.vocabulary)
+    assert [c in pieces for c in chars] == [True] * 573 + [False] * 227  # int(0.75 * (1024 - 4 - 256))
+    assert tok.detokenize_dense(tok.tokenize_dense(texts)) == texts
+    rarest = [tok.vocabulary[i] for i in tok.tokenize_dense([chars[-1]]).numpy()[0]]
+    assert rarest[-3:] == [f"<0x{b:02X}>" for b in chars[-1].encode()] and rarest[:-3] in ([], ["▁"])
+    corpus = corpora.Corpus(train=[(t, t) for t in texts], validation=[], test=[])
+    summary = data_statistics(corpus, tok, max_length=1024)["summary"]
+    assert re.search(r"\nwarning: [0-9.]+% of the training tokens are UTF-8 bytes, which spell the 227 rarest of the "
+                     r"text's 800 distinct characters \(they have no piece of their own\); a --vocab-size of at least "
+                     r"1,327 gives each character a piece$", summary), summary
+    assert vocabulary_for_characters(800) == 1327
+    tok = Tokenizer.build(texts, vocab_size=1327)
+    assert all(c in tok.vocabulary for c in chars)
+    assert "warning" not in data_statistics(corpus, tok, max_length=1024)["summary"]
+
+
 def test_dense_conveniences_refuse_what_is_not_texts_or_token_ids(tokenizer):
     import tensorflow as tf
 

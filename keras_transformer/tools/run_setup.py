@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 
 from keras_transformer.tools import files
 from keras_transformer.tools.config import RunError, TrainConfig
@@ -256,6 +257,9 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             tokens = int(source_length.sum() + target_length.sum())
             unknown = int((source == tokenizer.unk_id).sum() + (target == tokenizer.unk_id).sum())
             counts["train_unk_rate"] = round(unknown / max(tokens, 1), 5)
+            byte_ids = _byte_pieces(tokenizer)
+            spelled = int(np.isin(source, byte_ids).sum() + np.isin(target, byte_ids).sum())
+            counts["train_byte_rate"] = round(spelled / max(tokens, 1), 5)
     kept, dropped = counts["train_pairs"], counts["train_too_long"]
     summary = (
         f"training pairs: {kept} kept, {dropped} longer than --max-length {max_length} dropped, "
@@ -267,6 +271,8 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             f"\nwarning: {counts['train_unk_rate']:.1%} of the training tokens are [UNK]; a larger "
             "--vocab-size or a smaller --min-frequency covers more of the text"
         )
+    if counts.get("train_byte_rate", 0) > UNK_WARNING:
+        summary += "\n" + _bytes_warning(counts["train_byte_rate"], corpus, tokenizer)
     if dropped > TOO_LONG_WARNING * len(corpus.train):
         summary += "\n" + _too_long_warning(dropped / len(corpus.train), max_length, train_longest)
     if kept < MIN_TRAIN_PAIRS:
@@ -276,6 +282,29 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
             "Raise --max-length or give a larger corpus."
         )
     return {**counts, "summary": summary}
+
+
+def _byte_pieces(tokenizer) -> list[int]:
+    """The ids of a SentencePiece vocabulary's byte pieces (`<0x00>` to `<0xFF>`), which spell
+    a character that has no piece of its own."""
+    if tokenizer.kind != "sentencepiece":
+        return []
+    return [i for i, piece in enumerate(tokenizer.vocabulary) if re.fullmatch(r"<0x[0-9A-F]{2}>", piece)]
+
+
+def _bytes_warning(rate: float, corpus, tokenizer) -> str:
+    """The line that reports a vocabulary too small for the text's characters, whose rarest
+    are spelled as bytes (`vocabulary.without_rare_characters`), with the size that fits them."""
+    from keras_transformer.tools.text.vocabulary import vocabulary_for_characters
+
+    characters = set()
+    for pair in corpus.train:
+        characters.update(*(text.lower() if tokenizer.lower_case else text for text in pair))
+    pieces = set(tokenizer.vocabulary)
+    spelled = sum(not c.isspace() and c not in pieces for c in characters)
+    return (f"warning: {rate:.1%} of the training tokens are UTF-8 bytes, which spell the {spelled:,} rarest of the "
+            f"text's {len(characters):,} distinct characters (they have no piece of their own); a --vocab-size of at "
+            f"least {vocabulary_for_characters(len(characters)):,} gives each character a piece")
 
 
 def _too_long_warning(share: float, max_length: int, lengths) -> str:

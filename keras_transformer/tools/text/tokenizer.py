@@ -117,8 +117,8 @@ class Tokenizer(tf.Module):
                 breaks ties in hash-map order, so the same texts can give another
                 vocabulary in another process (huggingface/tokenizers#1794, open).
             byte_fallback: SentencePiece only: spell characters outside the vocabulary
-                as UTF-8 bytes instead of `[UNK]`. Defaults to `None`: on when
-                `vocab_size >= 1024`.
+                (and the rarest, past 3/4 of the pieces) as UTF-8 bytes, not `[UNK]`.
+                Defaults to `None`: on when `vocab_size >= 1024`.
             pad_id: Id of `[PAD]`. Defaults to `0`. Give the model the same ids.
             unk_id: Id of `[UNK]`. Defaults to `1`.
             start_id: Id of `[START]`. Defaults to `2`.

@@ -4,8 +4,10 @@ the learned model or token list, with the reserved tokens `[PAD] [UNK] [START] [
 
 from __future__ import annotations
 
+import collections
 import functools
 import io
+import math
 import os
 import pathlib
 import re
@@ -50,6 +52,36 @@ def nfc_rules() -> str:
     return "\n".join(lines) + "\n"
 
 
+# With byte fallback, single characters take at most this share of the pieces left after
+# the reserved and byte pieces: a text with more distinct characters (Chinese, Japanese in
+# a small vocabulary) spells its rarest as bytes and keeps the rest for words and subwords.
+CHARACTER_SHARE = 0.75
+BYTE_PIECES = 256
+
+
+def without_rare_characters(texts: list[str], vocab_size: int) -> list[str]:
+    """`texts` to learn a vocabulary of `vocab_size` with byte fallback from: as they are
+    when their distinct characters fit in `CHARACTER_SHARE` of the pieces left after the
+    reserved and byte pieces, else with each character past the most frequent that fit
+    replaced by a space, so that it gets no piece (and no piece spans it) and is spelled as
+    bytes. Before, a vocabulary smaller than the characters was refused; SentencePiece's own
+    `character_coverage` cannot go below 0.98, which a Chinese text in 2,000 pieces needs."""
+    counts = collections.Counter()
+    for text in texts:
+        counts.update(text)
+    fit = max(1, int(CHARACTER_SHARE * (vocab_size - len(RESERVED_TOKENS) - BYTE_PIECES)))
+    if len(counts) <= fit:
+        return texts
+    ordered = sorted(counts, key=lambda c: (-counts[c], c))
+    rare = str.maketrans(dict.fromkeys(ordered[fit:], " "))
+    return [text.translate(rare) for text in texts]
+
+
+def vocabulary_for_characters(distinct: int) -> int:
+    """The smallest vocabulary with byte fallback that gives `distinct` characters a piece each."""
+    return math.ceil(distinct / CHARACTER_SHARE) + len(RESERVED_TOKENS) + BYTE_PIECES
+
+
 # Unicode's code points: no text holds more distinct characters.
 CODE_POINTS = 0x110000
 # SentencePiece's unigram trainer starts from at most this many seed pieces (its default
@@ -71,6 +103,8 @@ def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_
     import sentencepiece as spm
 
     pad_id, unk_id, start_id, end_id = ids
+    if byte_fallback:
+        texts = without_rare_characters(texts, vocab_size)
     model = io.BytesIO()
     # The trainer reads normalization rules from a file only; the file lives as long as the training.
     with tempfile.TemporaryDirectory(prefix="keras_transformer_") as tmp:
