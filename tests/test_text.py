@@ -674,3 +674,26 @@ def test_text_functions_refuse_a_bare_string_and_scores_need_one_hypothesis_per_
             evaluation.score(hypotheses, references)
     scores = evaluation.score(["the cat sat on the mat", "a dog"], ["the cat sat on the mat", "the dog"])
     assert scores["exact_match"] == 0.5 and scores["sentences"] == 2 and 0 < scores["bleu"] < 100
+
+
+def test_word_bleu_tokenizes_as_sacrebleu_does_for_the_references_language(monkeypatch):
+    # Chinese references were tokenized by 13a, one word per sentence: word BLEU was 0 for a
+    # translation that differs in two characters of seven, and validation BLEU chose the best
+    # epoch among zeros.
+    import sacrebleu
+
+    from keras_transformer.tools import evaluation
+
+    hypotheses, references = ["我喜欢吃苹果。", "他很高兴。"], ["我喜欢吃香蕉。", "他很高兴。"]
+    scores = evaluation.score(hypotheses, references)
+    expected = sacrebleu.metrics.BLEU(tokenize="zh").corpus_score(hypotheses, [references])
+    assert scores["bleu"] == round(expected.score, 2) and scores["bleu"] > 40 and "tok:zh" in scores["bleu_signature"]
+    assert sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score < 40  # 13a's: only the exact one
+    pick = evaluation.bleu_tokenizer
+    monkeypatch.setattr(evaluation, "_mecab_installed", lambda: False)
+    assert pick(["私はりんごが好きです。"]) == "char"  # "ja-mecab" with sacrebleu[ja] installed
+    monkeypatch.setattr(evaluation, "_mecab_installed", lambda: True)
+    assert pick(["私はりんごが好きです。"]) == "ja-mecab" and pick(["ฉันชอบแอปเปิ้ล"]) == "char"
+    assert pick(["我喜欢 Python 和 JavaScript 编程。"]) == "zh"
+    for spaced in (["I like apples.", "Tom met 李明 in Beijing."], ["나는 사과를 좋아한다."], ["Я люблю яблоки."], [""]):
+        assert pick(spaced) == "13a", spaced

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import threading
 import warnings
 
@@ -216,9 +217,41 @@ def _token_ids(tokenizer, texts: list, max_input_length: int | None, trained_len
     return ids
 
 
+# Scripts written without spaces between words: Han (with its extensions and compatibility
+# ideographs); kana (Hiragana, Katakana and its extension, half-width Katakana); Thai, Lao,
+# Myanmar and Khmer.
+_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+_KANA = re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d]")
+_OTHER_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
+
+
+def bleu_tokenizer(references: list[str]) -> str:
+    """sacreBLEU's tokenizer for word BLEU against `references`, chosen by their script as
+    sacreBLEU chooses by target language: `"zh"` for Chinese and `"ja-mecab"` for Japanese
+    (when `sacrebleu[ja]` is installed), whose sentences its default `"13a"` would count
+    as one or two words each (and BLEU would be about 0 whatever the output); `"char"` for
+    Japanese without MeCab and for Thai, Lao, Myanmar and Khmer; else `"13a"`. The
+    signature names the choice."""
+    text = "".join(references)
+    letters = len(text) - sum(c.isspace() for c in text)
+    han, kana, other = (len(script.findall(text)) for script in (_HAN, _KANA, _OTHER_UNSPACED))
+    if not letters or han + kana + other < 0.2 * letters:  # mostly words between spaces
+        return "13a"
+    if kana > 0.1 * (han + kana) or other > han:
+        return "ja-mecab" if kana > other and _mecab_installed() else "char"
+    return "zh"
+
+
+def _mecab_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("MeCab", "ipadic"))
+
+
 def score(hypotheses, references, tokenizer=None) -> dict:
     """Corpus BLEU (word and character level) and chrF (sacreBLEU) and exact match.
 
+    Word BLEU tokenizes as sacreBLEU does for the references' language (`bleu_tokenizer`).
     References are NFC-normalised with runs of spaces as one, as a SentencePiece round
     trip gives them back. With a WordPiece tokenizer they pass through its round trip
     instead, so that its spacing around punctuation is not counted as an error (and
@@ -236,7 +269,7 @@ def score(hypotheses, references, tokenizer=None) -> dict:
         from keras_transformer.tools.text.tokenizer import normalise
 
         references = [normalise(r) for r in references]
-    bleu = sacrebleu.metrics.BLEU()
+    bleu = sacrebleu.metrics.BLEU(tokenize=bleu_tokenizer(references))
     # Word BLEU has no 2- to 4-grams in one-word sentences (German number words are single
     # compounds) and is then 0 whatever the output; character BLEU still measures them.
     bleu_char = sacrebleu.metrics.BLEU(tokenize="char")
