@@ -282,6 +282,9 @@ def test_a_text_with_more_characters_than_fit_spells_its_rarest_as_bytes():
                      r"text's 800 distinct characters \(they have no piece of their own\); a --vocab-size of at least "
                      r"1,327 gives each character a piece$", summary), summary
     assert vocabulary_for_characters(800) == 1327
+    # Bytes asked for in fewer than 1,024 pieces: every character still needs a piece.
+    with pytest.raises(ValueError, match=r"raise the vocabulary size to at least 1061\.$"):
+        Tokenizer.build(texts, vocab_size=1000, byte_fallback=True)
     tok = Tokenizer.build(texts, vocab_size=1327)
     assert all(c in tok.vocabulary for c in chars)
     assert "warning" not in data_statistics(corpus, tok, max_length=1024)["summary"]

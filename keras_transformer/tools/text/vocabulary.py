@@ -17,7 +17,7 @@ import unicodedata
 import tensorflow as tf
 
 from keras_transformer import _checks
-from keras_transformer.tools.text.tokenizer import END, PAD, RESERVED_TOKENS, START, UNK
+from keras_transformer.tools.text.tokenizer import BYTE_FALLBACK_MIN_VOCAB, END, PAD, RESERVED_TOKENS, START, UNK
 
 
 def check_inputs(texts, vocab_size: int, min_frequency: int) -> tuple[list[str], int, int]:
@@ -65,12 +65,13 @@ def without_rare_characters(texts: list[str], vocab_size: int) -> list[str]:
     reserved and byte pieces, else with each character past the most frequent that fit
     replaced by a space, so that it gets no piece (and no piece spans it) and is spelled as
     bytes. Before, a vocabulary smaller than the characters was refused; SentencePiece's own
-    `character_coverage` cannot go below 0.98, which a Chinese text in 2,000 pieces needs."""
+    `character_coverage` cannot go below 0.98, which a Chinese text in 2,000 pieces needs.
+    Below `BYTE_FALLBACK_MIN_VOCAB` pieces (byte fallback asked for explicitly), as they are."""
     counts = collections.Counter()
     for text in texts:
         counts.update(text)
-    fit = max(1, int(CHARACTER_SHARE * (vocab_size - len(RESERVED_TOKENS) - BYTE_PIECES)))
-    if len(counts) <= fit:
+    fit = int(CHARACTER_SHARE * (vocab_size - len(RESERVED_TOKENS) - BYTE_PIECES))
+    if len(counts) <= fit or vocab_size < BYTE_FALLBACK_MIN_VOCAB:  # bytes a quarter of the pieces or more
         return texts
     ordered = sorted(counts, key=lambda c: (-counts[c], c))
     rare = str.maketrans(dict.fromkeys(ordered[fit:], " "))
