@@ -147,7 +147,7 @@ def labels_and_logits(where: str, y_true, y_pred) -> None:
                                              for a, b in zip(labels, logits)):
         raise ValueError(f"{where}the labels must be shaped like the logits less their last axis ((B, T) for "
                          f"(B, T, V)). Received: y_true.shape={labels}, y_pred.shape={logits}")
-    classes, readable = logits[-1], values(y_true, from_device=False)
+    classes, readable = logits[-1], concrete_values(y_true, from_device=False)
     if classes is not None and readable is not None and readable.size:
         low, high = (int(v) if float(v).is_integer() else float(v) for v in (readable.min(), readable.max()))
         if low < 0 or high >= classes:
@@ -221,7 +221,7 @@ def texts(value, name: str = "texts") -> list:
     return value
 
 
-def values(x, from_device: bool = True):
+def concrete_values(x, from_device: bool = True):
     """`x` as a NumPy array where its values exist (eager), else `None`: a traced tensor
     (`jax.jit`, `tf.function`, a `KerasTensor`, TorchDynamo's tracing) has none. With
     `from_device=False`, also `None` for a tensor NumPy cannot read where it is (a PyTorch

@@ -350,7 +350,7 @@ def check_token_ids(token_ids, vocab_size: int, name: str = "token_ids", layer=N
             f"{where}: `{name}` must be an integer tensor of token ids. "
             f"Received: dtype={dtype}, shape={tuple(token_ids.shape)}"
         )
-    values = _checks.values(token_ids)
+    values = _checks.concrete_values(token_ids)
     if values is None or values.size == 0:
         return
     low, high = int(values.min()), int(values.max())
