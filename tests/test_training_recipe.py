@@ -67,7 +67,8 @@ def test_labels_that_are_not_token_ids_are_refused_where_read_and_nan_where_not(
     for bad in (7, -1):
         wrong = labels.copy()
         wrong[1, 2] = bad
-        message = rf"the labels must be token ids in \[0, 7\) \(the logits' last axis\). Received: min={min(bad, 0)}, max="
+        message = (r"the labels must be token ids in \[0, 7\) \(the logits' last axis\). "
+                   rf"Received: min={min(bad, 0)}, max=")
         with pytest.raises(ValueError, match=f"Loss 'label_smoothed_cross_entropy': {message}"):
             kt.losses.LabelSmoothedCrossEntropy()(wrong, logits)
         for metric in (kt.metrics.MaskedAccuracy(), kt.metrics.Perplexity()):
@@ -81,8 +82,8 @@ def test_labels_that_are_not_token_ids_are_refused_where_read_and_nan_where_not(
         read = to_numpy(kt.losses.label_log_probs(log_probs, wrong))
         assert np.isnan(read[1, 2]) and np.isnan(read).sum() == 1
         inside = wrong != bad
-        np.testing.assert_allclose(read[inside], np.take_along_axis(log_probs, wrong[..., None] % 7, -1)[..., 0][inside],
-                                   rtol=1e-6)
+        expected = np.take_along_axis(log_probs, wrong[..., None] % 7, -1)[..., 0]
+        np.testing.assert_allclose(read[inside], expected[inside], rtol=1e-6)
 
 
 def test_masked_accuracy_and_perplexity():
