@@ -244,7 +244,6 @@ def test_bad_arguments():
                                length_penalty_alpha=float("nan"))
 
 
-
 def test_a_search_whose_cache_cannot_fit_in_memory_is_refused_before_it_starts(monkeypatch):
     # PyTorch's process was killed by the system (its zeros were allocated, and the first
     # steps that read them ended it); JAX's out-of-memory error came when the result was read.

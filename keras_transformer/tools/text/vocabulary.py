@@ -67,11 +67,13 @@ def without_rare_characters(texts: list[str], vocab_size: int) -> list[str]:
     bytes. Before, a vocabulary smaller than the characters was refused; SentencePiece's own
     `character_coverage` cannot go below 0.98, which a Chinese text in 2,000 pieces needs.
     Below `BYTE_FALLBACK_MIN_VOCAB` pieces (byte fallback asked for explicitly), as they are."""
+    if vocab_size < BYTE_FALLBACK_MIN_VOCAB:  # bytes a quarter of the pieces or more
+        return texts
     counts = collections.Counter()
     for text in texts:
         counts.update(text)
     fit = int(CHARACTER_SHARE * (vocab_size - len(RESERVED_TOKENS) - BYTE_PIECES))
-    if len(counts) <= fit or vocab_size < BYTE_FALLBACK_MIN_VOCAB:  # bytes a quarter of the pieces or more
+    if len(counts) <= fit:
         return texts
     ordered = sorted(counts, key=lambda c: (-counts[c], c))
     rare = str.maketrans(dict.fromkeys(ordered[fit:], " "))
