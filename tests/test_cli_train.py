@@ -538,8 +538,15 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "model.keras").write_text("")
+    other = tmp_path / "elsewhere" / "other"  # a run of other settings (not beside the run asked for below)
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"steps": 40}))
     for argv, message in (
         (["train", "--output-dir", str(tmp_path / "run"), "--vocab-size", "3"], "--vocab-size must be >= 5"),
+        # An --output-dir train cannot use was found once the backend had loaded (10 s later).
+        (["train", "--output-dir", str(a_file)], "is a file, not a directory"),
+        (["train", "--output-dir", str(unfinished)], "config.json is missing, but"),
+        (["train", "--output-dir", str(other), "--steps", "10"], "holds a run with a different config (steps: saved 40"),
         (["train", "--steps", "10", "--steps-per-epoch", "5", "--early-stopping", "2", "--validate-translations", "0"],
          "--early-stopping needs --validate-translations N > 0"),
         (["evaluate", "--source-file", str(a_file)], "--source-file and --target-file must be given together"),

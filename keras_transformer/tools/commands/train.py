@@ -82,8 +82,8 @@ def check(args) -> dict:
     config, output_dir = settings(args)
     # A process of a multi-process run: its settings, from its launcher's variables.
     cluster = from_environment(os.environ.get("KERAS_BACKEND", "tensorflow"))
-    if cluster.chief:
-        check_not_busy(output_dir)
+    if cluster.chief:  # the directory it writes: said before a backend loads (train checks it again)
+        check_run_dir(output_dir, config)
     return {"config": config, "output_dir": output_dir, "cluster": cluster}
 
 
@@ -110,8 +110,8 @@ def check_not_busy(output_dir) -> None:
 
 
 def check_run_dir(output_dir, config: TrainConfig) -> None:
-    """What `train` checks of its `--output-dir` once it runs, checked before it starts
-    (by `launch` and `demo`): not held by another `train`, not a file or a directory of
+    """What `train` checks of its `--output-dir` once it runs, checked before a backend
+    loads (by `train` itself on the chief, `launch` and `demo`): not held by another `train`, not a file or a directory of
     other files, no run of other settings (`run_setup.check_output_dir`, which reads only
     config.json)."""
     from keras_transformer.tools import run_setup
