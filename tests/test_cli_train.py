@@ -363,6 +363,15 @@ def test_version_is_the_installed_distributions(capsys):
     # A flag the command lacks was said in the program's name, pointing at its --help.
     (["train", "--beam-size", "4"], "unrecognized arguments: --beam-size 4 (see keras-transformer train --help)"),
     (["export", "--run-dir", "r", "extra"], "unrecognized arguments: extra (see keras-transformer export --help)"),
+    # A flag is written out whole: argparse took `--learning-rate 1e-4` for `--learning-rate-scale
+    # 1e-4` (the paper's rate times 1e-4: a run that learns nothing), and `--max` for whichever
+    # it began. The flags it may mean are named.
+    (["train", "--learning-rate", "1e-4"], "unrecognized arguments: --learning-rate 1e-4; did you mean "
+                                           "--learning-rate-scale? (see keras-transformer train --help)"),
+    (["translate", "--beam=4", "x"], "unrecognized arguments: --beam=4; did you mean --beam-size? (see"),
+    (["train", "--max", "64"], "unrecognized arguments: --max 64; did you mean --max-length or --max-minutes? (see"),
+    (["train", "--vocab", "100", "--stepz", "3", "--tsv-file", "a.tsv", "--colour"],
+     "did you mean --vocab-size (not --vocab), --steps (not --stepz), --tsv (not --tsv-file)? (see"),
 ])
 def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import os
 import re
@@ -38,14 +39,32 @@ class _Parser(argparse.ArgumentParser):
         # name of the whole program (`keras-transformer: error: ...`, see its --help).
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
-            self.commands.get(getattr(parsed, "command", None), self).error(
-                f"unrecognized arguments: {' '.join(extra)}")
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}{_near_misses(command, extra)}")
         return parsed
+
+
+def _near_misses(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """`; did you mean --flag?` for unknown flags that begin one of the command's flags, are
+    one of them with more after a dash, or are spelled close to one. (Flags are never
+    abbreviated: argparse took `--learning-rate 1e-4` for `--learning-rate-scale 1e-4`, a
+    ten-thousandth of the paper's rate.)"""
+    flags = sorted(set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_usage())) - {"--help"})
+    hints = {}
+    for given in (a.split("=", 1)[0] for a in extra if a.startswith("--")):
+        near = ([f for f in flags if f.startswith(given)] or [f for f in flags if given.startswith(f + "-")]
+                or difflib.get_close_matches(given, flags, n=1, cutoff=0.8))
+        if 0 < len(near) <= 3:
+            hints[given] = " or ".join(near)
+    if len(hints) == 1:
+        return f"; did you mean {next(iter(hints.values()))}?"
+    return "; did you mean " + ", ".join(f"{f} (not {g})" for g, f in hints.items()) + "?" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="keras-transformer",
+        allow_abbrev=False,
         description="The Transformer of 'Attention Is All You Need' on TensorFlow, JAX or PyTorch "
                     "(set KERAS_BACKEND).",
     )

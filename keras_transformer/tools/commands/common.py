@@ -89,8 +89,10 @@ def _same_file(a, b) -> bool:
 
 
 def add_command(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    """A sub-command's parser, its defaults shown in --help."""
-    return sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter)
+    """A sub-command's parser, its defaults shown in --help, its flags written out whole (an
+    abbreviation is refused, with the flag it may mean)."""
+    return sub.add_parser(name, help=help, description=description, formatter_class=_HelpFormatter,
+                          allow_abbrev=False)
 
 
 def run_dir_flag(p) -> None:
