@@ -555,7 +555,8 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
         # An --output-dir train cannot use was found once the backend had loaded (10 s later).
         (["train", "--output-dir", str(a_file)], "is a file, not a directory"),
         (["train", "--output-dir", str(unfinished)], "config.json is missing, but"),
-        (["train", "--output-dir", str(other), "--steps", "10"], "holds a run with a different config (steps: saved 40"),
+        (["train", "--output-dir", str(other), "--steps", "10"],
+         "holds a run with a different config (steps: saved 40"),
         (["train", "--steps", "10", "--steps-per-epoch", "5", "--early-stopping", "2", "--validate-translations", "0"],
          "--early-stopping needs --validate-translations N > 0"),
         (["evaluate", "--source-file", str(a_file)], "--source-file and --target-file must be given together"),

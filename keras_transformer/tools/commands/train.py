@@ -111,9 +111,9 @@ def check_not_busy(output_dir) -> None:
 
 def check_run_dir(output_dir, config: TrainConfig) -> None:
     """What `train` checks of its `--output-dir` once it runs, checked before a backend
-    loads (by `train` itself on the chief, `launch` and `demo`): not held by another `train`, not a file or a directory of
-    other files, no run of other settings (`run_setup.check_output_dir`, which reads only
-    config.json)."""
+    loads (by `train` itself on the chief, `launch` and `demo`): not held by another
+    `train`, not a file or a directory of other files, no run of other settings
+    (`run_setup.check_output_dir`, which reads only config.json)."""
     from keras_transformer.tools import run_setup
 
     check_not_busy(output_dir)
