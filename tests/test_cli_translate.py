@@ -129,6 +129,12 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
     # The same sentences on standard output give the same translations.
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "seven", "forty-two"]) == 0
     assert capsys.readouterr().out.splitlines() == [lines[0], lines[2]]
+    # A file's name as TEXT (--input forgotten) is translated as a sentence, and said to be a file's.
+    assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", str(source), "seven"]) == 0
+    printed = capsys.readouterr()
+    assert len(printed.out.splitlines()) == 2 and printed.out.splitlines()[1] == lines[0], printed.out
+    assert printed.err == (f"keras-transformer translate: warning: TEXT {str(source)!r} is the name of a file and is "
+                           f"translated as a sentence; --input {source} translates the lines of the file\n"), printed.err
     # '-' is standard input and standard output.
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"seven\nforty-two\n")))
     assert cli.main(["translate", "--run-dir", run, "--beam-size", "1", "--input", "-", "--output", "-"]) == 0

@@ -64,6 +64,10 @@ def run(args) -> int:
     from keras_transformer.tools import evaluation, files
 
     output = args.output
+    named = next((text for text in args.texts if not text.split()[1:] and os.path.isfile(text)), None)
+    if named is not None:  # `translate notes.txt`, meant as `translate --input notes.txt`
+        warnings.warn(f"TEXT {named!r} is the name of a file and is translated as a sentence; "
+                      f"--input {named} translates the lines of the file", stacklevel=1)
     # Sentences are sorted by length within a chunk (fewer pads, fewer shapes); a file
     # gets larger chunks, standard output smaller ones so that lines appear sooner.
     chunk_size = (args.batch_size or 64) * (16 if output else 4)
