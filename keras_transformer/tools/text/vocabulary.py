@@ -99,7 +99,7 @@ def largest_sentencepiece_vocabulary(texts: list[str]) -> int:
     vocabulary, in time that grows with the size asked for, and past about 1.95e9 (the
     size times 1.1 overflows an int32) it never returns."""
     characters = sum(len(text) for text in texts)
-    return min(SEED_PIECES, 16 * characters) + min(characters, CODE_POINTS) + 256 + len(RESERVED_TOKENS)
+    return min(SEED_PIECES, 16 * characters) + min(characters, CODE_POINTS) + BYTE_PIECES + len(RESERVED_TOKENS)
 
 
 def learn_sentencepiece(texts: list[str], vocab_size: int, ids: list[int], byte_fallback: bool) -> bytes:
