@@ -563,6 +563,9 @@ def test_a_settings_mistake_exits_2_before_any_backend_loads(tmp_path):
         (["evaluate", "--hypotheses", str(tmp_path)], "is a directory; give a file name"),
         (["translate", "--beam-size", "2", "--n-best", "3", "seven"], "--n-best 3 is more than the --beam-size 2"),
         (["translate", "--input", str(a_file), "seven"], "give TEXT arguments or --input FILE, not both"),
+        # An --input translate cannot read was found once the model had loaded (8 s later).
+        (["translate", "--run-dir", str(unfinished), "--input", str(tmp_path / "missing.txt")],
+         f"--input: File not found: {tmp_path / 'missing.txt'}"),
         (["export", "--output", str(a_file)], "is a file; give a directory for the SavedModel"),
         # A run directory, or the model it should hold, that is not there.
         (["evaluate", "--run-dir", str(tmp_path / "nowhere")], "No run directory at "

@@ -395,6 +395,13 @@ def test_counts_and_ports_are_ascii_integers_the_engines_can_hold():
     jax = {**cluster.launch_environment("jax", 2, 1, 29500), "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",localhost:1235"}
     with pytest.raises(ClusterError, match=r"^KERAS_DISTRIBUTION_JOB_ADDRESSES starts with an empty address"):
         cluster.from_environment("jax", jax)
+    # One address per process, as many as the count (Keras' own check came after the backend loaded).
+    jax["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = "localhost:1235,localhost:1236,localhost:1237"
+    with pytest.raises(ClusterError, match=r"^KERAS_DISTRIBUTION_JOB_ADDRESSES lists 3 processes but "
+                                           r"KERAS_DISTRIBUTION_NUM_PROCESSES is 2"):
+        cluster.from_environment("jax", jax)
+    jax["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = "localhost:1235,localhost:1236"
+    assert cluster.from_environment("jax", jax).address == "localhost:1235"
     # torchrun sets all four; by hand, a missing address said "got None".
     for missing in ("MASTER_ADDR", "MASTER_PORT"):
         with pytest.raises(ClusterError, match=r"^MASTER_ADDR:MASTER_PORT is not set: the processes of a run need"):

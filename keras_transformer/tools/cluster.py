@@ -85,11 +85,11 @@ def from_environment(backend: str, environ=None) -> Cluster:
     if backend == "jax" and any(v in environ for v in JAX_VARIABLES):
         address, count, index = (environ.get(v) for v in JAX_VARIABLES)
         names = JAX_VARIABLES
-        first = address.split(",")[0] if address else address
-        if address and not first.strip():
+        listed = address.split(",") if address else []
+        if address and not listed[0].strip():
             raise ClusterError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES starts with an empty address ({address!r}): the "
                                "first is the coordinator's host:port.")
-        address = first
+        address = listed[0] if listed else address
     elif backend == "torch" and ("WORLD_SIZE" in environ or "RANK" in environ):
         host, port, count, index = (environ.get(v) for v in TORCH_VARIABLES)
         names = ("MASTER_ADDR:MASTER_PORT", "WORLD_SIZE", "RANK")
@@ -102,6 +102,12 @@ def from_environment(backend: str, environ=None) -> Cluster:
         return Cluster(backend)
     count = _integer(count, names[1], minimum=1)
     index = _integer(index, names[2], minimum=0)
+    if backend == "jax" and len(listed) > 1 and len(listed) != count:
+        # A list names every process; `keras.distribution.initialize` checks its length
+        # too, but with a ValueError once the backend has loaded.
+        raise ClusterError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES lists {len(listed)} processes but "
+                           f"KERAS_DISTRIBUTION_NUM_PROCESSES is {count}: give the coordinator's host:port alone, "
+                           "or one host:port per process.")
     if index >= count:
         raise ClusterError(f"{names[2]}={index} is out of range: {names[1]}={count} processes are numbered 0 to "
                            f"{count - 1}.")

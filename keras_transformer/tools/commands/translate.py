@@ -13,7 +13,7 @@ from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command,
                                                       check_writable, decoding_flags, fit_verbosity, load_run,
                                                       path, quantize_flag, run_dir_flag)
 from keras_transformer.tools.config import RunError, say
-from keras_transformer.tools.files import run_model_file
+from keras_transformer.tools.files import input_problem, run_model_file
 
 
 def add_parser(sub) -> None:
@@ -50,6 +50,9 @@ def check(args) -> dict:
                        "search keeps; raise --beam-size or lower --n-best")
     # '-' is standard input or output, as without the flag.
     source = None if args.input == "-" else args.input
+    problem = source and input_problem(source, streams=True)  # before the model loads
+    if problem:
+        raise RunError(f"--input: {problem}")
     output = None if args.output in (None, "-") else pathlib.Path(args.output)
     if output is not None:
         if output.is_dir():
