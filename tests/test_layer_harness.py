@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import keras
@@ -135,6 +136,54 @@ def test_mixed_precision(spec, policy):
     assert np.isfinite(out).all()
     tolerance = 0.1 if policy == "mixed_bfloat16" else 0.02
     np.testing.assert_allclose(out, expected, atol=tolerance * max(1.0, np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_keras_masks_are_read_as_padding_and_passed_on(spec):
+    """Inputs with a Keras mask (`keras.layers.Masking`, `mask_zero=True` ids) in a Functional
+    model: the padded positions change nothing at the others, and the output carries the
+    mask on (a masked pooling after the layer averages the real positions only)."""
+    ids = spec.inputs[0][1] == "int32"
+    layer = spec.make(mask_zero=True) if ids else spec.make()
+    xs = spec.arrays(batch=2)
+    keep = [x.shape[1] - 2 for x in xs]  # row 0's last two positions are padding, in every input
+    for x, n in zip(xs, keep):
+        x[0, n:] = 0
+    inputs = [keras.Input(shape, dtype=dtype) for shape, dtype in spec.inputs]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = spec.call(layer, *(inputs if ids else [keras.layers.Masking(0.0)(x) for x in inputs]))
+        model = keras.Model(inputs, [out, keras.layers.GlobalAveragePooling1D()(out)])
+        got, pooled = (to_numpy(t) for t in model(xs))
+    # Keras' "this layer does not support masking and will therefore destroy the mask".
+    assert not [w for w in caught if "support masking" in str(w.message)], [str(w.message) for w in caught]
+    alone = to_numpy(spec.call(layer, *[x[:1, :n] for x, n in zip(xs, keep)]))[0]  # row 0 without its padding
+    np.testing.assert_allclose(got[0, :keep[0]], alone, atol=1e-5)
+    np.testing.assert_allclose(pooled[0], alone.mean(axis=0), atol=1e-5)
+
+
+@pytest.mark.parametrize("stack", [True, False], ids=["stack", "block"])
+def test_the_keras_mask_arguments_stand_in_for_padding_masks_not_given(stack):
+    """Keras passes a lone tensor's mask as `mask`, and with several tensors each one's as
+    `<argument>_mask`; here given by hand, on tensors that carry none. Left padding, which
+    causality does not hide."""
+    rng = np.random.default_rng(0)
+    x, memory = rng.normal(size=(2, 5, D)).astype("float32"), rng.normal(size=(2, 6, D)).astype("float32")
+    real, real_memory = np.arange(5) >= np.array([[2], [0]]), np.arange(6) < np.array([[4], [6]])
+    encoder = kt.layers.Encoder(1, 2, 16) if stack else kt.layers.EncoderBlock(2, 16)
+    decoder, lm = ((kt.layers.Decoder(1, 2, 16), kt.layers.Decoder(1, 2, 16)) if stack
+                   else (kt.layers.DecoderBlock(2, 16), kt.layers.DecoderBlock(2, 16)))
+    pairs = [(encoder(x, mask=real), encoder(x, padding_mask=real)),
+             (decoder(x, memory, decoder_sequence_mask=real, encoder_sequence_mask=real_memory),
+              decoder(x, memory, decoder_padding_mask=real, encoder_padding_mask=real_memory)),
+             (lm(x, mask=real), lm(x, decoder_padding_mask=real))]
+    for by_keras, explicit in pairs:
+        np.testing.assert_allclose(to_numpy(by_keras), to_numpy(explicit), atol=1e-6)
+    unmasked = to_numpy(lm(x))
+    assert not np.allclose(to_numpy(pairs[2][0])[0, 2:], unmasked[0, 2:], atol=1e-3)  # the mask changed something
+    # A padding mask given as an argument takes precedence.
+    np.testing.assert_allclose(to_numpy(lm(x, decoder_padding_mask=np.ones((2, 5), bool), mask=real)), unmasked,
+                               atol=1e-6)
 
 
 def test_every_public_layer_has_a_spec_in_this_harness():

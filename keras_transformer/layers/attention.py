@@ -48,9 +48,10 @@ class MultiHeadAttention(keras.layers.Layer):
         key: `(B, T_k, d_model)`. Defaults to `value`.
         attention_mask: Boolean mask, `True` = may attend, shape `(B, T_q, T_k)` or
             `(B, h, T_q, T_k)`. Defaults to `None`.
-        query_mask: Boolean `(B, T_q)` padding mask of the queries. Defaults to `None`.
+        query_mask: Boolean `(B, T_q)` padding mask of the queries. Defaults to the
+            query's Keras mask (e.g. `keras.layers.Embedding(mask_zero=True)`'s), if any.
         value_mask: Boolean `(B, T_k)` padding mask of the keys and values. Defaults to
-            `None`.
+            the value's Keras mask. The output carries the query's Keras mask.
         use_causal_mask: Forbid attending to later positions (decoder self-attention).
             Defaults to `False`.
         cache: The layer's cache, `(keys, values)` of `L` positions, `(B, h, L, d_k)`
@@ -119,6 +120,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = _checks.flags(where, use_bias=use_bias)
         self.window = window
         self.seed_generator = keras.random.SeedGenerator() if dropout > 0 else None
+        self.supports_masking = True
 
     def __call__(self, query, value=None, key=None, **kwargs):
         # Checked here, on the caller's objects, before Keras converts the inputs.
@@ -138,10 +140,8 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = value_shape if key_shape is None else tuple(key_shape)
         for arg, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
             if len(shape) != 3:
-                raise ValueError(
-                    f"Layer '{self.name}': `{arg}` must have rank 3, "
-                    f"(batch, positions, d_model). Received: {arg}.shape={shape}"
-                )
+                raise ValueError(f"Layer '{self.name}': `{arg}` must have rank 3, (batch, positions, d_model). "
+                                 f"Received: {arg}.shape={shape}")
         d_model = query_shape[-1]
         if d_model is None:
             raise ValueError(

@@ -55,6 +55,7 @@ class _Block(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.window = kt_ops.check_window(window, f"Layer '{self.name}'")
+        self.supports_masking = True  # the output keeps the (first) input's Keras mask
 
     def _check_input_shape(self, arg, shape):
         shape = tuple(shape)
@@ -136,12 +137,13 @@ class EncoderBlock(_Block):
         + """
     Call arguments:
         inputs: `(B, S, d_model)`.
-        padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to `None`.
+        padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to the
+            inputs' Keras mask (e.g. `keras.layers.Embedding(mask_zero=True)`'s), if any.
         attention_mask: Boolean `(B, S, S)`, `True` = may attend. Defaults to `None`.
         training: Whether dropout is active.
 
     Returns:
-        `(B, S, d_model)`.
+        `(B, S, d_model)`, with the inputs' Keras mask.
 
     Example:
 
@@ -164,7 +166,8 @@ class EncoderBlock(_Block):
         )
         self.built = True
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
+        padding_mask = mask if padding_mask is None else padding_mask  # Keras passes the inputs' mask
         # Self-attention block.
         y = self._sublayer_input(inputs, self.self_attention_norm)
         y = self.self_attention(y, y, attention_mask=attention_mask, value_mask=padding_mask, training=training)
@@ -193,8 +196,10 @@ class DecoderBlock(_Block):
     Call arguments:
         decoder_sequence: `(B, T, d_model)`.
         encoder_sequence: `(B, S, d_model)` encoder output, or `None`.
-        decoder_padding_mask: Boolean `(B, T)`. Defaults to `None`.
-        encoder_padding_mask: Boolean `(B, S)`. Defaults to `None`.
+        decoder_padding_mask: Boolean `(B, T)`. Defaults to the decoder sequence's
+            Keras mask (e.g. `keras.layers.Embedding(mask_zero=True)`'s), if any.
+        encoder_padding_mask: Boolean `(B, S)`. Defaults to the encoder sequence's
+            Keras mask (an `EncoderBlock` passes its inputs' on), if any.
         cache: The block's cache from `init_cache`, for incremental decoding;
             requires `cache_index`. With it, `encoder_sequence` is not needed (its keys
             and values are in the cache). Defaults to `None`.
@@ -202,7 +207,8 @@ class DecoderBlock(_Block):
         training: Whether dropout is active.
 
     Returns:
-        `(B, T, d_model)`, and the updated cache if one was given.
+        `(B, T, d_model)` with the decoder sequence's Keras mask, and the updated cache
+        if one was given.
 
     Example:
 
@@ -248,7 +254,13 @@ class DecoderBlock(_Block):
         cache=None,
         cache_index=None,
         training=None,
+        mask=None,
+        decoder_sequence_mask=None,
+        encoder_sequence_mask=None,
     ):
+        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
+            decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask
+        )
         has_encoder = encoder_sequence is not None or (cache is not None and "cross_attention" in cache)
         if has_encoder and self.cross_attention is None:
             raise ValueError(
@@ -322,3 +334,11 @@ class DecoderBlock(_Block):
         if cache is None:
             return out
         return out, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
+
+
+def decoder_padding_masks(decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask,
+                          encoder_sequence_mask):
+    """A decoder's padding masks: those given, else the sequences' Keras masks, which Keras
+    passes as `mask` (the decoder sequence alone) or as `<argument>_mask` (several tensors)."""
+    decoder = next((m for m in (decoder_padding_mask, decoder_sequence_mask, mask) if m is not None), None)
+    return decoder, encoder_sequence_mask if encoder_padding_mask is None else encoder_padding_mask

@@ -10,6 +10,7 @@ from keras import ops
 from keras_transformer import _checks
 from keras_transformer import ops as kt_ops
 from keras_transformer._compat import symbolic_ids_under_tf_distribute
+from keras_transformer.defaults import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -47,6 +48,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     def __init__(self, max_wavelength: float = 10000, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = _checks.numbers_above(f"Layer '{self.name}': ", 1, max_wavelength=max_wavelength)
+        self.supports_masking = True  # the encoding of a padded position is still its position's
         self.built = True
 
     def call(self, inputs, start_index=0):
@@ -93,6 +95,11 @@ class SinusoidalEmbedding(keras.layers.Layer):
         scale: Multiply the embeddings by sqrt(d_model). Defaults to `True`.
         max_wavelength: See `SinusoidalPositionalEncoding`. Defaults to `10000`.
         embeddings_initializer: Defaults to `RandomNormal(stddev=d_model ** -0.5)`.
+        mask_zero: Give the output a Keras mask, `True` where the id is not 0 (the pad
+            id), as `keras.layers.Embedding(mask_zero=True)` does: the layers of this
+            library read it as their padding mask, and Keras' own layers and losses as
+            theirs. Defaults to `False` (masks are arguments). The tied logits
+            (`reverse=True`) keep their input's mask.
         **kwargs: Base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -124,6 +131,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
         scale: bool = True,
         max_wavelength: float = 10000,
         embeddings_initializer=None,
+        mask_zero: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -134,6 +142,7 @@ class SinusoidalEmbedding(keras.layers.Layer):
         self.dropout = dropout
         self.scale = _checks.flags(f"Layer '{self.name}': ", scale=scale)
         self.max_wavelength = max_wavelength
+        self.mask_zero = _checks.flags(f"Layer '{self.name}': ", mask_zero=mask_zero)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
@@ -178,9 +187,16 @@ class SinusoidalEmbedding(keras.layers.Layer):
                 "scale": self.scale,
                 "max_wavelength": self.max_wavelength,
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "mask_zero": self.mask_zero,
             }
         )
         return config
+
+    def compute_mask(self, token_ids, previous_mask=None):
+        dtype = getattr(token_ids, "dtype", None)
+        if dtype is not None and not keras.backend.is_int_dtype(dtype):  # the tied logits (reverse=True)
+            return previous_mask
+        return ops.not_equal(token_ids, PAD_ID) if self.mask_zero else None
 
     def compute_output_shape(self, token_ids_shape):
         return tuple(token_ids_shape) + (self.d_model,)

@@ -47,6 +47,7 @@ class PositionwiseFFN(keras.layers.Layer):
         self.activation = keras.activations.get(activation)
         self.dropout = dropout
         self.use_bias = _checks.flags(f"Layer '{self.name}': ", use_bias=use_bias)
+        self.supports_masking = True  # position-wise: a Keras mask passes through
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)

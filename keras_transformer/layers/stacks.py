@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 
 from keras_transformer import _checks
-from keras_transformer.layers.blocks import BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config
+from keras_transformer.layers.blocks import (BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config,
+                                              decoder_padding_masks)
 
 
 class _Stack(keras.layers.Layer):
@@ -40,6 +41,7 @@ class _Stack(keras.layers.Layer):
             self.block_class(**arguments, name=f"{prefix}_block_{i}", dtype=self.dtype_policy)
             for i in range(num_layers)
         ]
+        self.supports_masking = True  # the output keeps the (first) input's Keras mask
         # The blocks validate the arguments; the stack keeps them (as the blocks hold them) for its config.
         for name in BLOCK_ARGUMENTS:
             setattr(self, name, getattr(self.blocks[0], name))
@@ -89,12 +91,13 @@ class Encoder(_Stack):
         + """
     Call arguments:
         inputs: Embedded source `(B, S, d_model)`.
-        padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to `None`.
+        padding_mask: Boolean `(B, S)`, `True` at real tokens. Defaults to the
+            inputs' Keras mask (e.g. `keras.layers.Embedding(mask_zero=True)`'s), if any.
         attention_mask: Boolean `(B, S, S)`. Defaults to `None`.
         training: Whether dropout is active.
 
     Returns:
-        `(B, S, d_model)`.
+        `(B, S, d_model)`, with the inputs' Keras mask.
 
     Example:
 
@@ -113,7 +116,8 @@ class Encoder(_Stack):
         self._build_final_norm(inputs_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
+        padding_mask = mask if padding_mask is None else padding_mask  # Keras passes the inputs' mask
         x = inputs
         for block in self.blocks:
             x = block(x, padding_mask=padding_mask, attention_mask=attention_mask, training=training)
@@ -136,15 +140,18 @@ class Decoder(_Stack):
     Call arguments:
         decoder_sequence: Embedded target `(B, T, d_model)`.
         encoder_sequence: Encoder output `(B, S, d_model)`, or `None` (decoder-only).
-        decoder_padding_mask: Boolean `(B, T)`. Defaults to `None`.
-        encoder_padding_mask: Boolean `(B, S)`. Defaults to `None`.
+        decoder_padding_mask: Boolean `(B, T)`. Defaults to the decoder sequence's
+            Keras mask (e.g. `keras.layers.Embedding(mask_zero=True)`'s), if any.
+        encoder_padding_mask: Boolean `(B, S)`. Defaults to the encoder sequence's
+            Keras mask (an `Encoder` passes its inputs' on), if any.
         cache: The stack's cache from `init_cache` (one entry per block), for
             incremental decoding. Requires `cache_index`. Defaults to `None`.
         cache_index: Position of the first decoder token in the cache.
         training: Whether dropout is active.
 
     Returns:
-        `(B, T, d_model)`, and the updated cache if one was given.
+        `(B, T, d_model)` with the decoder sequence's Keras mask, and the updated cache
+        if one was given.
 
     Example:
 
@@ -173,7 +180,13 @@ class Decoder(_Stack):
         cache=None,
         cache_index=None,
         training=None,
+        mask=None,
+        decoder_sequence_mask=None,
+        encoder_sequence_mask=None,
     ):
+        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
+            decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask
+        )
         x = decoder_sequence
         new_cache = []
         for i, block in enumerate(self.blocks):
