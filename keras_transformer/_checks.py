@@ -221,6 +221,23 @@ def texts(value, name: str = "texts") -> list:
     return value
 
 
+def boolean_mask(where: str, name: str, mask):
+    """`mask` as booleans, `True` = may attend (booleans, or 0 and 1, or ids: not 0). A
+    float mask with other values, where they can be read, is refused: an additive mask
+    (0 = attend, a large negative number = not: PyTorch's float `attn_mask`) read as
+    booleans would attend exactly where it forbids."""
+    if not keras.backend.is_float_dtype(getattr(mask, "dtype", "bool")):
+        return keras.ops.cast(mask, "bool")
+    values = concrete_values(mask, from_device=False)
+    if values is not None and values.size and not np.isin(values, (0, 1)).all():
+        raise ValueError(
+            f"{where}`{name}` must be boolean, `True` = may attend (or 0 and 1). Received: a float mask with "
+            f"values from {values.min():g} to {values.max():g}; an additive mask (0 = attend, a large negative "
+            f"number = not) says the opposite here: pass `{name}=mask == 0`."
+        )
+    return keras.ops.cast(mask, "bool")
+
+
 def concrete_values(x, from_device: bool = True):
     """`x` as a NumPy array where its values exist (eager), else `None`: a traced tensor
     (`jax.jit`, `tf.function`, a `KerasTensor`, TorchDynamo's tracing) has none. With

@@ -95,7 +95,7 @@ def combine_masks(*masks):
     for mask in masks:
         if mask is None:
             continue
-        mask = ops.cast(mask, "bool")
+        mask = _checks.boolean_mask("keras_transformer: ", "mask", mask)
         result = mask if result is None else ops.logical_and(result, mask)
     return result
 
@@ -159,7 +159,7 @@ def scaled_dot_product_attention(
     d_k = query.shape[-1]
     scale = 1.0 / math.sqrt(d_k)
     if mask is not None:
-        mask = ops.cast(mask, "bool")
+        mask = _checks.boolean_mask("keras_transformer: ", "mask", mask)
         while len(mask.shape) < 4:
             mask = ops.expand_dims(mask, 0)
     use_dropout = dropout > 0.0 and bool(training)
@@ -311,7 +311,8 @@ def windowed_attention(query, key, value, window: int, key_mask=None, causal: bo
 
     q = ops.reshape(pad(query, 0, padded - length), (batch, num_blocks, b, heads, d_k))
     k, v = windows(key), windows(value)  # (B, M, 3b, h, d)
-    valid = ops.ones((batch, length), "bool") if key_mask is None else ops.cast(key_mask, "bool")
+    valid = ops.ones((batch, length), "bool") if key_mask is None else _checks.boolean_mask(
+        "keras_transformer: ", "key_mask", key_mask)
     valid = windows(valid)  # (B, M, 3b): False for padding and positions outside [0, T)
 
     # Relative position of key slot k to query slot q inside a block: (k - b) - q.

@@ -216,6 +216,26 @@ def test_padding_masks_of_the_wrong_shape_are_refused():
             layer(np.zeros(bad, "float32"), x)
 
 
+def test_an_additive_float_mask_is_refused_and_a_zero_one_mask_is_read_as_booleans():
+    # 0 = attend and -1e9 = not (PyTorch's float attn_mask) was read as booleans the other way round.
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    real = np.arange(5) < np.array([[3], [5]])
+    additive = np.where(real, 0.0, -1e9).astype("float32")
+    encoder, layer = kt.layers.Encoder(1, 2, 16, name="encoder"), kt.layers.MultiHeadAttention(2)
+    says = r"must be boolean, `True` = may attend \(or 0 and 1\)\. Received: a float mask with values from -1e\+09 to 0"
+    for call, name in ((lambda: encoder(x, padding_mask=additive), "Layer 'encoder': `padding_mask`"),
+                       (lambda: layer(x, x, attention_mask=additive[:, None, :] + np.zeros((1, 5, 1), "float32")),
+                        "`attention_mask`"),
+                       (lambda: kt.ops.scaled_dot_product_attention(x[:, :, None], x[:, :, None], x[:, :, None],
+                                                                     mask=additive[:, None, None, :]), "`mask`")):
+        with pytest.raises(ValueError, match=f"{name} {says}.*pass `.*=mask == 0`"):
+            call()
+    expected = to_numpy(encoder(x, padding_mask=real))
+    for same in (real.astype("float32"), real.astype("int32"), additive == 0):
+        np.testing.assert_allclose(to_numpy(encoder(x, padding_mask=same)), expected, atol=1e-6)
+
+
 def test_a_cache_that_is_not_keys_and_values_is_refused():
     layer = _layer(num_heads=2, d_model=8, t_q=1)
     x = np.zeros((2, 1, 8), "float32")

@@ -144,10 +144,8 @@ class MultiHeadAttention(keras.layers.Layer):
                                  f"Received: {arg}.shape={shape}")
         d_model = query_shape[-1]
         if d_model is None:
-            raise ValueError(
-                f"Layer '{self.name}': the last dimension (d_model) of `query` must be "
-                f"known. Received: query.shape={query_shape}"
-            )
+            raise ValueError(f"Layer '{self.name}': the last dimension (d_model) of `query` must be known. "
+                             f"Received: query.shape={query_shape}")
         if value_shape[-1] != d_model or key_shape[-1] != d_model:
             raise ValueError(
                 f"Layer '{self.name}': `query`, `key` and `value` must have the same width d_model. Received: "
@@ -224,6 +222,8 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"for padding. Received: attention_mask={attention_mask is not None}, "
                     f"return_attention_scores={return_attention_scores}"
                 )
+            if value_mask is not None:
+                value_mask = _checks.boolean_mask(f"Layer '{self.name}': ", "value_mask", value_mask)
             attended = kt_ops.windowed_attention(q, k, v, self.window, key_mask=value_mask, causal=use_causal_mask,
                                                  dropout=self.dropout, training=training, seed=self.seed_generator)
             return self._merge_heads(attended)
@@ -365,7 +365,7 @@ class MultiHeadAttention(keras.layers.Layer):
         the keys' positions are `k`'s `time_axis`; `cache_index` is where the queries'
         positions start in a cache being filled (None without a cache)."""
         q_len, k_len, k_static = ops.shape(q)[1], ops.shape(k)[time_axis], k.shape[time_axis]
-        masks = []
+        masks, where = [], f"Layer '{self.name}': "
         if attention_mask is not None:
             shape, expected = tuple(attention_mask.shape), (q.shape[0], q.shape[1], k_static)
             rank = len(shape)
@@ -376,15 +376,15 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"(B, T_q, T_k) or (B, h, T_q, T_k), (B, T_q, T_k) = {expected}. "
                     f"Received: attention_mask.shape={shape}"
                 )
-            mask = ops.cast(attention_mask, "bool")
+            mask = _checks.boolean_mask(where, "attention_mask", attention_mask)
             masks.append(ops.expand_dims(mask, 1) if rank == 3 else mask)
         if query_mask is not None:
             self._check_mask("query_mask", query_mask, (q.shape[0], q.shape[1]))
-            masks.append(ops.reshape(ops.cast(query_mask, "bool"), (-1, 1, q_len, 1)))
+            masks.append(ops.reshape(_checks.boolean_mask(where, "query_mask", query_mask), (-1, 1, q_len, 1)))
         if value_mask is not None:
             # With a cache, the keys are the cache's positions: (B, max_length).
             self._check_mask("value_mask", value_mask, (q.shape[0], k_static))
-            masks.append(ops.reshape(ops.cast(value_mask, "bool"), (-1, 1, 1, k_len)))
+            masks.append(ops.reshape(_checks.boolean_mask(where, "value_mask", value_mask), (-1, 1, 1, k_len)))
         if cache_index is not None:
             # Only positions written so far are valid keys: j < cache_index + T_q.
             filled = ops.arange(k_len, dtype="int32") < ops.cast(cache_index, "int32") + q_len

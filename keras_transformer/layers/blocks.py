@@ -167,7 +167,7 @@ class EncoderBlock(_Block):
         self.built = True
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
-        padding_mask = mask if padding_mask is None else padding_mask  # Keras passes the inputs' mask
+        padding_mask = padding_mask_or_keras_mask(self, "padding_mask", padding_mask, mask)
         # Self-attention block.
         y = self._sublayer_input(inputs, self.self_attention_norm)
         y = self.self_attention(y, y, attention_mask=attention_mask, value_mask=padding_mask, training=training)
@@ -258,9 +258,10 @@ class DecoderBlock(_Block):
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
-            decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask
-        )
+        decoder_padding_mask = padding_mask_or_keras_mask(
+            self, "decoder_padding_mask", decoder_padding_mask, decoder_sequence_mask, mask)
+        encoder_padding_mask = padding_mask_or_keras_mask(
+            self, "encoder_padding_mask", encoder_padding_mask, encoder_sequence_mask)
         has_encoder = encoder_sequence is not None or (cache is not None and "cross_attention" in cache)
         if has_encoder and self.cross_attention is None:
             raise ValueError(
@@ -336,9 +337,9 @@ class DecoderBlock(_Block):
         return out, keras.tree.map_structure(lambda c: keras.KerasTensor(c.shape, dtype=c.dtype), cache)
 
 
-def decoder_padding_masks(decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask,
-                          encoder_sequence_mask):
-    """A decoder's padding masks: those given, else the sequences' Keras masks, which Keras
-    passes as `mask` (the decoder sequence alone) or as `<argument>_mask` (several tensors)."""
-    decoder = next((m for m in (decoder_padding_mask, decoder_sequence_mask, mask) if m is not None), None)
-    return decoder, encoder_sequence_mask if encoder_padding_mask is None else encoder_padding_mask
+def padding_mask_or_keras_mask(layer, name: str, given, *keras_masks):
+    """The padding mask `name` of `layer`'s call as booleans: the one given, else the
+    sequence's Keras mask, which Keras passes as `mask` (one tensor argument) or as
+    `<argument>_mask` (several); `None` without either."""
+    mask = next((m for m in (given, *keras_masks) if m is not None), None)
+    return None if mask is None else _checks.boolean_mask(f"Layer '{layer.name}': ", name, mask)

@@ -6,7 +6,7 @@ import keras
 
 from keras_transformer import _checks
 from keras_transformer.layers.blocks import (BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config,
-                                              decoder_padding_masks)
+                                              padding_mask_or_keras_mask)
 
 
 class _Stack(keras.layers.Layer):
@@ -117,7 +117,7 @@ class Encoder(_Stack):
         self.built = True
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
-        padding_mask = mask if padding_mask is None else padding_mask  # Keras passes the inputs' mask
+        padding_mask = padding_mask_or_keras_mask(self, "padding_mask", padding_mask, mask)
         x = inputs
         for block in self.blocks:
             x = block(x, padding_mask=padding_mask, attention_mask=attention_mask, training=training)
@@ -184,9 +184,10 @@ class Decoder(_Stack):
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
-            decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask
-        )
+        decoder_padding_mask = padding_mask_or_keras_mask(
+            self, "decoder_padding_mask", decoder_padding_mask, decoder_sequence_mask, mask)
+        encoder_padding_mask = padding_mask_or_keras_mask(
+            self, "encoder_padding_mask", encoder_padding_mask, encoder_sequence_mask)
         x = decoder_sequence
         new_cache = []
         for i, block in enumerate(self.blocks):
