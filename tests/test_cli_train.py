@@ -381,6 +381,25 @@ def test_flag_values_are_checked_by_the_parser(argv, message, capsys):
     assert err.count("\n") == 1 and message in err and err.startswith(f"keras-transformer {argv[0]}: error:"), err
 
 
+@pytest.mark.parametrize("argv, message", [
+    # A misspelt command; a flag before the command that is not the program's (argparse said
+    # only "the following arguments are required: COMMAND", or took the flag's value for one).
+    (["trian", "--steps", "3"], "invalid choice: 'trian' (choose from 'train', 'launch', 'evaluate', 'translate', "
+                                "'export', 'demo'); did you mean train?"),
+    (["--vers"], "unrecognized arguments: --vers; did you mean --version?"),
+    (["--steps", "3", "train"], "unrecognized arguments: --steps; a command's flags come after the COMMAND"),
+    (["-v"], "the following arguments are required: COMMAND"),
+    (["xyz"], "invalid choice: 'xyz' (choose from 'train', 'launch', 'evaluate', 'translate', 'export', 'demo') ("),
+])
+def test_the_programs_own_mistakes_name_what_was_probably_meant(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("keras-transformer: error: ") and message in err and err.endswith(
+        " (see keras-transformer --help)\n"), err
+
+
 @pytest.mark.parametrize("command, flag", [
     ("train", "--tsv"), ("train", "--source-file"), ("train", "--target-file"), ("train", "--output-dir"),
     ("evaluate", "--run-dir"), ("evaluate", "--source-file"), ("evaluate", "--target-file"),

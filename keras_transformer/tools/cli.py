@@ -32,11 +32,32 @@ class _Parser(argparse.ArgumentParser):
     commands: dict[str, argparse.ArgumentParser] = {}  # the parser of each command, by name
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {self._hinted(message)} (see {self.prog} --help)\n")
+
+    def _hinted(self, message: str) -> str:
+        """The program's own mistakes with what was probably meant: a misspelt command
+        (`trian`), or a flag before the command that is not one of the program's
+        (`--vers`, which argparse reported as a missing COMMAND)."""
+        if not self.commands or "COMMAND" not in message:
+            return message
+        # The program's own flags, as its help lists them (`-v, --verbose`), and those given
+        # before the command that are not among them (`--steps 3 train`: '3' is no command).
+        own = {flag for line in self.format_help().splitlines() if line.startswith("  -")
+               for flag in re.findall(r"(?<![\w-])--?[a-z][a-z-]*", line.split("  ")[1])}
+        argv = getattr(self, "argv", [])
+        first = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+        unknown = [a for a in argv[:first] if a.startswith("-") and a.split("=")[0] not in own]
+        if unknown:
+            hint = _near_misses(self, unknown) or "; a command's flags come after the COMMAND"
+            return f"unrecognized arguments: {' '.join(unknown)}{hint}"
+        wrong = re.search(r"invalid choice: '([^']*)'", message)
+        near = wrong and difflib.get_close_matches(wrong.group(1), list(self.commands), n=1, cutoff=0.6)
+        return f"{message}; did you mean {near[0]}?" if near else message
 
     def parse_args(self, args=None, namespace=None):
         # A flag the command lacks is the command's mistake: argparse would say it in the
         # name of the whole program (`keras-transformer: error: ...`, see its --help).
+        self.argv = list(sys.argv[1:] if args is None else args)
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             command = self.commands.get(getattr(parsed, "command", None), self)
