@@ -671,6 +671,39 @@ def test_shards_of_an_epoch_are_the_training_split_once():
         make_dataset(pairs, tokenizer, 200, 32, num_shards=2, shard_index=2)
 
 
+JOINED = """
+import signal, sys, time
+from keras_transformer.tools import cluster, collectives
+collectives.join(cluster.from_environment(sys.argv[1]), timeout=100)
+status = dict(line.split(":\\t") for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+caught = int(status["SigCgt"], 16) >> (signal.SIGTERM - 1) & 1  # a handler, Python's or the engine's own
+print("joined", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and not caught, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="torch.distributed sets no SIGTERM handler (test_a_signal_to_launch_"
+                                               "reaches_every_process_and_none_goes_on, in the PyTorch suite)")
+def test_a_sigterm_still_ends_a_process_that_joined_a_cluster():
+    """JAX's and TensorFlow's engines install a SIGTERM handler of their own (for preemption
+    sync points that `train` does not poll): a scheduler's SIGTERM, or the one `launch` passes
+    on, was swallowed and the processes trained on to the end."""
+    port = cluster.free_port(2)
+    processes = [subprocess.Popen([sys.executable, "-c", JOINED, BACKEND], env=_env(i, 2, port), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in (0, 1)]
+    try:
+        said = [next((line.strip() for line in process.stdout if line.startswith("joined")), "")
+                for process in processes]  # after gloo's `[Gloo] Rank ...` lines
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        codes = [process.wait(timeout=30) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert said == ["joined True"] * 2, [process.stderr.read()[-2000:] for process in processes]
+    assert codes == [-signal.SIGTERM] * 2
+
+
 @only_on("torch", "launch's own code, the same on every backend; its processes are stopped while they start")
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
                     reason="needs Linux's /proc/PID/task/TID/children to find launch's processes")

@@ -18,10 +18,13 @@ trains over the processes is in `distributed_fit`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
+import threading
 
 from keras_transformer.defaults import MAX_INT
 from keras_transformer.tools.config import RunError
@@ -309,3 +312,28 @@ def launch_environment(backend: str, num_processes: int, process_id: int, port: 
     # TensorFlow's gRPC workers each listen on a port: `port` for the chief, the next for the others.
     workers = [f"localhost:{port + i}" for i in range(num_processes)]
     return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": process_id}})}
+
+
+@contextlib.contextmanager
+def sigterm_kept():
+    """Keep this process's SIGTERM handling through the start of JAX's or TensorFlow's
+    multi-process engine (`jax.distributed.initialize`, `MultiWorkerMirroredStrategy`):
+    each installs a handler of its own (XLA's and TensorFlow's coordination service's
+    preemption notifier) for training loops that poll a preemption sync point
+    (`jax.experimental.multihost_utils.reached_preemption_sync_point`,
+    `tf.distribute.experimental.PreemptionCheckpointHandler`) and save at an agreed step.
+    `train` polls none, so a scheduler's SIGTERM, or the one `launch` passes on, was
+    swallowed and the processes trained on to the end; with the handler as before,
+    SIGTERM ends them and the run resumes from its last epoch, as on PyTorch. A SIGTERM
+    that comes meanwhile waits, blocked, and is handled as before once the engine runs."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if before is not None:  # None: a handler set outside Python, left as it is
+            signal.signal(signal.SIGTERM, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -19,8 +19,8 @@ import sys
 import threading
 import time
 
-from keras_transformer.tools.cluster import (JOIN_TIMEOUT, Cluster, ClusterError, host_and_port, tf_config,
-                                             tf_task_taken)
+from keras_transformer.tools.cluster import (JOIN_TIMEOUT, Cluster, ClusterError, host_and_port, sigterm_kept,
+                                             tf_config, tf_task_taken)
 from keras_transformer.tools.config import say
 from keras_transformer.tools.files import reader_gone
 
@@ -30,8 +30,7 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
 
     The others not all there in time, one line and status 1 (the engines wait far longer,
     or abort the process, so a timer gives up first); nothing answering at the
-    coordinator's address, status 2. TensorFlow: `_join_tensorflow`.
-    """
+    coordinator's address, status 2. TensorFlow: `_join_tensorflow`; SIGTERM: `sigterm_kept`."""
     if not cluster.distributed:
         return
     if cluster.backend == "tensorflow":
@@ -50,12 +49,12 @@ def join(cluster: Cluster, timeout: float = JOIN_TIMEOUT) -> None:
     try:
         if cluster.backend == "jax":
             import jax
+            import keras
 
             # The collectives of XLA's CPU client between processes (GPUs and TPUs have their own).
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            import keras
-
-            keras.distribution.initialize()  # reads KERAS_DISTRIBUTION_*
+            with sigterm_kept():
+                keras.distribution.initialize()  # reads KERAS_DISTRIBUTION_*
         else:
             _join_torch(cluster, timeout)
     finally:
@@ -86,7 +85,8 @@ def _join_tensorflow(cluster: Cluster, timeout: float) -> None:
     global _STRATEGY
     with _watchdog(_line(cluster, not_formed(cluster, timeout, answered=True)[0]), deadline - time.monotonic()):
         try:
-            _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
+            with sigterm_kept():
+                _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG
         except tf.errors.UnknownError as e:
             if "Could not start gRPC server" not in str(e):
                 raise
