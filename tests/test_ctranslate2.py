@@ -4,6 +4,7 @@ our greedy search, with CTranslate2 and SentencePiece alone; bad input is one li
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -80,6 +81,16 @@ def test_int8_is_a_quarter_of_the_weights_and_still_translates(run, tmp_path):
     exact, quantized = _serve(float32, sentences)["translations"], _serve(int8, sentences)["translations"]
     agreement = np.mean([a == b for a, b in zip(exact, quantized)])
     assert agreement >= 0.5, (agreement, exact, quantized)
+
+
+def test_a_float16_export_overflows_nothing(run, tmp_path):
+    # The projection's bias of -1e9 (for [PAD] and [START]) printed NumPy's "overflow encountered
+    # in cast" when CTranslate2 stored it as float16.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["export", "--run-dir", str(run), "--format", "ctranslate2", "--output",
+                         str(tmp_path / "ct2"), "--quantization", "int8_float16"]) == 0
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
 
 
 def test_the_weight_types_checked_are_ctranslate2s():

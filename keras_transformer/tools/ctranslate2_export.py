@@ -17,7 +17,9 @@ What is carried over, and how:
 * the tied matrix as source embedding, target embedding and output projection (or the
   three matrices of an untied model);
 * the special tokens by name: `[START]` opens the decoder, `[END]` ends it; the output
-  projection's bias is -1e9 for `[PAD]` and `[START]`, which our search never produces.
+  projection's bias is -1e4 for `[PAD]` and `[START]`, which our search never produces
+  (a probability of exp(-1e4), 0 in any float type; -1e9 overflowed float16's range in the
+  `*float16` weight types, with NumPy's warning on the terminal).
 
 Refused with the reason: a WordPiece tokenizer (its detokenizer is TensorFlow Text's; use
 the SavedModel), restricted self-attention (`window`), another activation.
@@ -212,7 +214,7 @@ def _spec(model, vocabulary: list, max_positions: int):
     else:
         spec.decoder.projection.weight = _numpy(model.output_projection.kernel).T
     bias = np.zeros(model.vocab_size, "float32")
-    bias[[model.pad_id, model.start_id]] = -1e9  # never produced, as in our search
+    bias[[model.pad_id, model.start_id]] = -1e4  # never produced, as in our search; within float16's range
     spec.decoder.projection.bias = bias
 
     for layer, block in zip(spec.encoder.layer, model.encoder.blocks):
