@@ -258,10 +258,8 @@ class DecoderBlock(_Block):
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        decoder_padding_mask = padding_mask_or_keras_mask(
-            self, "decoder_padding_mask", decoder_padding_mask, decoder_sequence_mask, mask)
-        encoder_padding_mask = padding_mask_or_keras_mask(
-            self, "encoder_padding_mask", encoder_padding_mask, encoder_sequence_mask)
+        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
+            self, decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask)
         has_encoder = encoder_sequence is not None or (cache is not None and "cross_attention" in cache)
         if has_encoder and self.cross_attention is None:
             raise ValueError(
@@ -343,3 +341,12 @@ def padding_mask_or_keras_mask(layer, name: str, given, *keras_masks):
     `<argument>_mask` (several); `None` without either."""
     mask = next((m for m in (given, *keras_masks) if m is not None), None)
     return None if mask is None else _checks.boolean_mask(f"Layer '{layer.name}': ", name, mask)
+
+
+def decoder_padding_masks(layer, decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask,
+                          encoder_sequence_mask):
+    """A decoder's (block's or stack's) two padding masks, from its call's arguments: each as
+    given, else its sequence's Keras mask (`padding_mask_or_keras_mask`)."""
+    return (padding_mask_or_keras_mask(layer, "decoder_padding_mask", decoder_padding_mask, decoder_sequence_mask,
+                                       mask),
+            padding_mask_or_keras_mask(layer, "encoder_padding_mask", encoder_padding_mask, encoder_sequence_mask))

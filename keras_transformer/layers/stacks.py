@@ -6,7 +6,7 @@ import keras
 
 from keras_transformer import _checks
 from keras_transformer.layers.blocks import (BLOCK_ARGUMENTS, DecoderBlock, EncoderBlock, block_config,
-                                              padding_mask_or_keras_mask)
+                                              decoder_padding_masks, padding_mask_or_keras_mask)
 
 
 class _Stack(keras.layers.Layer):
@@ -184,10 +184,8 @@ class Decoder(_Stack):
         decoder_sequence_mask=None,
         encoder_sequence_mask=None,
     ):
-        decoder_padding_mask = padding_mask_or_keras_mask(
-            self, "decoder_padding_mask", decoder_padding_mask, decoder_sequence_mask, mask)
-        encoder_padding_mask = padding_mask_or_keras_mask(
-            self, "encoder_padding_mask", encoder_padding_mask, encoder_sequence_mask)
+        decoder_padding_mask, encoder_padding_mask = decoder_padding_masks(
+            self, decoder_padding_mask, encoder_padding_mask, mask, decoder_sequence_mask, encoder_sequence_mask)
         x = decoder_sequence
         new_cache = []
         for i, block in enumerate(self.blocks):
