@@ -40,11 +40,9 @@ class _Parser(argparse.ArgumentParser):
         (`--vers`, which argparse reported as a missing COMMAND)."""
         if not self.commands or "COMMAND" not in message:
             return message
-        # The program's own flags, as its help lists them (`-v, --verbose`), and those given
-        # before the command that are not among them (`--steps 3 train`: '3' is no command).
-        own = {flag for line in self.format_help().splitlines() if line.startswith("  -")
-               for flag in re.findall(r"(?<![\w-])--?[a-z][a-z-]*", line.split("  ")[1])}
-        argv = getattr(self, "argv", [])
+        # The flags given before the command that are not the program's own (`--steps 3
+        # train`: '3' is no command).
+        argv, own = getattr(self, "argv", []), _flags(self)
         first = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
         unknown = [a for a in argv[:first] if a.startswith("-") and a.split("=")[0] not in own]
         if unknown:
@@ -70,7 +68,7 @@ def _near_misses(parser: argparse.ArgumentParser, extra: list[str]) -> str:
     one of them with more after a dash, or are spelled close to one. (Flags are never
     abbreviated: argparse took `--learning-rate 1e-4` for `--learning-rate-scale 1e-4`, a
     ten-thousandth of the paper's rate.)"""
-    flags = sorted(set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_usage())) - {"--help"})
+    flags = sorted(f for f in _flags(parser) if f.startswith("--") and f != "--help")
     hints = {}
     for given in (a.split("=", 1)[0] for a in extra if a.startswith("--")):
         near = ([f for f in flags if f.startswith(given)] or [f for f in flags if given.startswith(f + "-")]
@@ -80,6 +78,13 @@ def _near_misses(parser: argparse.ArgumentParser, extra: list[str]) -> str:
     if len(hints) == 1:
         return f"; did you mean {next(iter(hints.values()))}?"
     return "; did you mean " + ", ".join(f"{f} (not {g})" for g, f in hints.items()) + "?" if hints else ""
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser`, as its help lists them (`-v, --verbose`; no argparse
+    internals)."""
+    return {flag for line in parser.format_help().splitlines() if line.startswith("  -")
+            for flag in re.findall(r"(?<![\w-])--?[a-z][a-z0-9-]*", line.split("  ")[1])}
 
 
 def build_parser() -> argparse.ArgumentParser:
