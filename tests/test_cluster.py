@@ -837,8 +837,12 @@ def test_a_process_launch_started_ends_when_launch_is_killed(tmp_path):
     assert result.returncode == 2 and "--steps must be >= 1" in result.stderr, (result.returncode, result.stderr)
 
 
-def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path):
+def test_launch_runs_only_train_and_says_so_before_any_backend_loads(tmp_path, capsys):
     from tests.test_cli_train import LAUNCHER
+
+    assert cli.main(["launch", "--processes", "2"]) == 2  # no command at all
+    assert _errors(capsys.readouterr().err) == ["keras-transformer launch: error: launch runs `train` in several "
+                                                "processes: give `-- train [flags]`; got no command."]
 
     result = subprocess.run([sys.executable, "-c", LAUNCHER, "launch", "--processes", "2", "--", "evaluate"],
                             capture_output=True, text=True, timeout=120)

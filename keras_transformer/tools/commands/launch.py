@@ -83,7 +83,8 @@ def add_parser(sub) -> None:
 def check(args) -> dict:
     command = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv
     if command[:1] != ["train"]:
-        raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {' '.join(command)!r}.")
+        got = repr(" ".join(command)) if command else "no command"
+        raise RunError(f"launch runs `train` in several processes: give `-- train [flags]`; got {got}.")
     cores = os.cpu_count() or 1
     if args.processes > cores:
         raise RunError(f"--processes {args.processes}: launch starts every process on this machine, which has {cores} "
