@@ -179,6 +179,19 @@ def test_bad_output_directories_are_refused_untouched(tmp_path, small, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and re.search(message, err), err
         assert _snapshot(lost) == before
+    # A file where a run keeps a directory, or the reverse (train writes neither): named
+    # before the backend loads; it was an OSError's "File exists" once the data was read.
+    for name, found in (("state", "a file, where a run keeps a directory"),
+                        ("model.keras", "a directory, where a run keeps a file")):
+        odd = tmp_path / f"odd-{name}"
+        odd.mkdir()
+        (odd / "config.json").write_text("{}")
+        (odd / name).mkdir() if name.endswith(".keras") else (odd / name).write_text("")
+        before = _snapshot(odd)
+        assert _run(odd, small) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{odd / name} is {found}: it is not what `train` wrote there" in err, err
+        assert _snapshot(odd) == before
 
 
 def test_outputs_that_cannot_be_written_are_one_line_naming_what_is_in_the_way(tmp_path, monkeypatch, capsys):

@@ -22,6 +22,23 @@ RUN_FILES = (
 )
 
 
+# Those of them that are directories; the others are files.
+RUN_DIRECTORIES = ("tokenizer", "state", "checkpoints", "best", "tensorboard")
+
+
+def misplaced_run_file(directory: pathlib.Path) -> str | None:
+    """One sentence on the first of the run's names in `directory` that is a directory where
+    the run keeps a file, or a file where it keeps a directory (`train` never writes either),
+    or `None`."""
+    for name in RUN_FILES:
+        path = directory / name
+        if not path.exists() or path.is_dir() == (name in RUN_DIRECTORIES):
+            continue
+        found, kept = ("a directory", "a file") if path.is_dir() else ("a file", "a directory")
+        return f"{path} is {found}, where a run keeps {kept}: it is not what `train` wrote there"
+    return None
+
+
 def run_name(name: str) -> bool:
     """Whether `name`, in a run directory, is one of the run's own (`RUN_FILES`, or the
     temporary name `train` writes one through)."""

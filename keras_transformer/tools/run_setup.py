@@ -64,6 +64,9 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     problem = files.creation_problem(directory)
     if problem:
         raise RunError(f"--output-dir {directory}: {problem}.")
+    problem = directory.is_dir() and files.misplaced_run_file(directory)
+    if problem:
+        raise RunError(f"{problem}. Move it out of {directory}, or use another --output-dir.")
     config_file = directory / "config.json"
     if not config_file.exists():
         held = set(os.listdir(directory)) if directory.is_dir() else set()
