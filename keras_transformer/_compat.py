@@ -8,6 +8,8 @@ place of the package.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 
 
@@ -102,3 +104,47 @@ def fused_attention_reads_heads_first() -> bool:
     back at every step; there the attention over a cache is computed in its own layout.
     """
     return keras.backend.backend() == "torch"
+
+
+@contextlib.contextmanager
+def state_kept_if_a_loop_fails(model):
+    """Around `fit`, `evaluate` and `predict`: a call that fails leaves the model's
+    variables holding values, as on TensorFlow and PyTorch.
+
+    Keras' JAX trainer detaches the variables from their values while its loop runs
+    (`_purge_model_variables`, to save memory) and reattaches the state of the last step
+    when the loop ends (`jax_state_sync`). A call that fails in its first step (targets
+    of the wrong shape, inputs the model refuses) has no such state: the model is left
+    without its weights, and the next call, or a save, fails with "'NoneType' object is
+    not callable" (Keras 3.15.1; keras-team/keras#21019 reattaches a state after `fit`
+    only, and only when a step ran). Here the values of before the call are held
+    (references: no copy) and, when it fails, Keras' own reattaching runs and each
+    variable still without a value gets its held one back (a step that ran donated its
+    state's buffers, and Keras reattached that step's state). Can go when Keras' JAX `evaluate` and `predict` reattach on failure
+    and `fit` keeps the values when no step ran
+    (`test_a_failed_fit_evaluate_or_predict_keeps_the_weights` fails without it).
+    """
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    optimizer = getattr(model, "optimizer", None)
+    variables = [*model.variables, *model.metrics_variables, *(optimizer.variables if optimizer else ())]
+    held = [(variable, variable.value) for variable in {id(v): v for v in variables}.values()]
+    try:
+        yield
+    except BaseException:
+        model.jax_state_sync()
+        for variable, value in held:
+            if _detached(variable) and not value.is_deleted():
+                variable.assign(value)
+        raise
+
+
+def _detached(variable) -> bool:
+    """Whether Keras' JAX trainer set `variable`'s value aside: reading it then calls its
+    initializer, spent (`None`) once the variable was initialized."""
+    try:
+        variable.value
+    except TypeError:
+        return True
+    return False

@@ -189,6 +189,19 @@ class Transformer(Translating, keras.Model):
             self.output_projection.build(sequence_shape)
         self.built = True
 
+    # A failed call keeps the weights on JAX too (see `_compat.state_kept_if_a_loop_fails`).
+    def fit(self, *args, **kwargs):
+        with _compat.state_kept_if_a_loop_fails(self):
+            return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        with _compat.state_kept_if_a_loop_fails(self):
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with _compat.state_kept_if_a_loop_fails(self):
+            return super().predict(*args, **kwargs)
+
     def make_train_function(self, force=False):
         self._build_training_state()
         if getattr(self, "_eager_instead_of_jit", False):
