@@ -29,10 +29,10 @@ RUN_DIRECTORIES = ("tokenizer", "state", "checkpoints", "best", "tensorboard")
 def misplaced_run_file(directory: pathlib.Path) -> str | None:
     """One sentence on the first of the run's names in `directory` that is a directory where
     the run keeps a file, or a file where it keeps a directory (`train` never writes either),
-    or `None`."""
+    or `None`. The lock is not among them: taking it says what is wrong with it."""
     for name in RUN_FILES:
         path = directory / name
-        if not path.exists() or path.is_dir() == (name in RUN_DIRECTORIES):
+        if name == "train.lock" or not path.exists() or path.is_dir() == (name in RUN_DIRECTORIES):
             continue
         found, kept = ("a directory", "a file") if path.is_dir() else ("a file", "a directory")
         return f"{path} is {found}, where a run keeps {kept}: it is not what `train` wrote there"
