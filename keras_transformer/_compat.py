@@ -120,9 +120,9 @@ def state_kept_if_a_loop_fails(model):
     only, and only when a step ran). Here the values of before the call are held
     (references: no copy) and, when it fails, Keras' own reattaching runs and each
     variable still without a value gets its held one back (a step that ran donated its
-    state's buffers, and Keras reattached that step's state). Can go when Keras' JAX `evaluate` and `predict` reattach on failure
-    and `fit` keeps the values when no step ran
-    (`test_a_failed_fit_evaluate_or_predict_keeps_the_weights` fails without it).
+    state's buffers, and Keras reattached that step's state). Can go when Keras' JAX
+    `evaluate` and `predict` reattach on failure and `fit` keeps the values when no step
+    ran (`test_a_failed_fit_evaluate_or_predict_keeps_the_weights` fails without it).
     """
     if keras.backend.backend() != "jax":
         yield

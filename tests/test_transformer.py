@@ -236,9 +236,9 @@ def test_the_training_step_is_traced_once(build_first):
 
 
 @pytest.mark.skipif(keras.backend.backend() == "tensorflow",
-                    reason="Keras' TensorFlow trainer updates tf.Variables in place and never sets their values aside; "
-                           "the JAX trainer does (the workaround checked here), PyTorch's suite checks the same contract "
-                           "on a trainer that also keeps them (18 s of tracing on TensorFlow)")
+                    reason="Keras' TensorFlow trainer updates tf.Variables in place and never sets their values "
+                           "aside; the JAX trainer does (the workaround checked here), PyTorch's suite checks the same "
+                           "contract on a trainer that also keeps them (18 s of tracing on TensorFlow)")
 def test_a_failed_fit_evaluate_or_predict_keeps_the_weights():
     """A call that fails (targets of the wrong shape, inputs the model refuses) leaves
     the model as it was. On JAX Keras 3.15 left it without its weights,
