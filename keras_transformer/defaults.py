@@ -31,6 +31,10 @@ MAX_INT = 2**31 - 1
 MAX_INPUT_LENGTH = 1024
 # Translations checked during training (not in the paper): greedy, for speed.
 VALIDATION_BEAM_SIZE = 1
+# Pairs held out from a corpus file for validation and again for test (not in the paper),
+# when `--holdout` is not given: this many, or a tenth of a corpus of fewer than ten times
+# as many distinct pairs (120 each of 1,200 pairs, which 500 each would leave 200 to train).
+HOLDOUT = 500
 # Sentences decoded together, by default (not in the paper): as many as keep
 # rows x beam x longest output within this many tokens, at most 256 rows (on 2 CPU cores,
 # 1,000 short sentences with beam 4 decode in half the time of batches of 64). A batch

@@ -485,6 +485,30 @@ def test_split_pairs_refuses_empty_corpus():
         corpora.split_pairs([], holdout=10)
 
 
+@pytest.mark.parametrize("size, held_out", [(60_000, 500), (5_000, 500), (4_999, 499), (1_200, 120), (25, 2), (7, 1)])
+def test_without_a_holdout_a_corpus_holds_out_500_pairs_or_a_tenth(size, held_out):
+    """A corpus of 1,200 pairs was refused unless --holdout was given (500 each would
+    leave 200 to train on)."""
+    pairs = [(f"sentence {i}.", f"Satz {i}.") for i in range(size)]
+    corpus = corpora.split_pairs(pairs, seed=1)
+    assert len(corpus.test) == len(corpus.validation) == held_out
+    assert len(corpus.train) == size - 2 * held_out
+    # The split says why it holds out fewer than 500.
+    assert ("held out for each of validation and test" in corpus.description) == (held_out < 500)
+    # An explicit --holdout is taken as given, and refused where it cannot be.
+    assert len(corpora.split_pairs(pairs, holdout=1, seed=1).test) == 1
+    if size < 3_000:
+        with pytest.raises(corpora.CorpusError, match=rf"--holdout 500 asks .* use at most --holdout {size // 6}"):
+            corpora.split_pairs(pairs, holdout=500)
+
+
+def test_a_corpus_of_fewer_than_six_pairs_cannot_be_split():
+    pairs = [(f"s{i}", f"t{i}") for i in range(5)]
+    for holdout in (None, 1):
+        with pytest.raises(corpora.CorpusError, match="^5 distinct pairs read: a corpus needs at least 6"):
+            corpora.split_pairs(pairs + pairs, holdout=holdout)  # repeats do not count
+
+
 def test_dataset_teacher_forcing_and_token_budget():
     corpus = corpora.numbers_corpus(train_size=1000, validation_size=10, test_size=10)
     texts = [s for s, _ in corpus.train] + [t for _, t in corpus.train]

@@ -9,7 +9,7 @@ import numbers
 import re
 import sys
 
-from keras_transformer.defaults import MAX_INT, PRESETS, VALIDATION_BEAM_SIZE
+from keras_transformer.defaults import HOLDOUT, MAX_INT, PRESETS, VALIDATION_BEAM_SIZE
 from keras_transformer.tools.corpus_kinds import CORPORA, CORPUS_FILES
 
 MIXED_PRECISION = ("bfloat16", "float16")
@@ -74,7 +74,9 @@ class TrainConfig:
                                        type=str)
     tsv: str | None = _setting(None, "Tab-separated 'source<TAB>target' pairs (Tatoeba / Anki format).", CORPUS,
                                type=str)
-    holdout: int = _setting(500, "Pairs held out for validation and again for test (files / tsv).", CORPUS)
+    holdout: int | None = _setting(
+        None, "Pairs held out for validation and again for test (files / tsv).", CORPUS, type=int,
+        shown_default=f"{HOLDOUT}, or a tenth of a corpus of fewer than {10 * HOLDOUT:,} distinct pairs")
     train_size: int = _setting(50_000, "Training pairs of the numbers corpus.", CORPUS)
     tokenizer: str = _setting(
         "sentencepiece", "sentencepiece: translations come back as ordinary text (spacing and punctuation as "

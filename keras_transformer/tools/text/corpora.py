@@ -26,6 +26,7 @@ from typing import Iterator
 
 import numpy as np
 
+from keras_transformer.defaults import HOLDOUT
 from keras_transformer.tools import files
 
 Pair = tuple[str, str]
@@ -333,7 +334,7 @@ def _drop_empty(pairs) -> tuple[list[Pair], int]:
     return kept, skipped
 
 
-def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_empty: int = 0,
+def split_pairs(pairs: list[Pair], holdout: int | None = None, description: str = "", skipped_empty: int = 0,
                 seed: int = 0) -> Corpus:
     """Split pairs into train / validation / test, grouped by source sentence.
 
@@ -342,23 +343,34 @@ def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_
     another translation of it. The groups are taken in an order drawn with `seed`
     (from the sorted sources, so the line order of the file does not matter): test
     first until it holds at least `holdout` pairs, then validation, the rest train.
+    `holdout=None` is `defaults.HOLDOUT` (500), or a tenth of the distinct pairs where
+    that is fewer (at least one); the split's description then says so.
 
     Raises:
-        CorpusError: an empty corpus, or `holdout` above a sixth of the pairs (the two
-            held-out splits together above a third), with both numbers.
+        CorpusError: an empty corpus, one of fewer than 6 distinct pairs, or `holdout`
+            above a sixth of the pairs (the two held-out splits together above a
+            third), with both numbers.
     """
     if not pairs:
         raise CorpusError(f"The corpus is empty{': ' + description if description else ''} "
                           f"({skipped_empty} {_EMPTY}).")
     distinct = list(dict.fromkeys(pairs))
     duplicates = len(pairs) - len(distinct)
+    chosen = holdout is None
+    if chosen:
+        holdout = min(HOLDOUT, max(1, len(distinct) // 10))
     if 2 * holdout > len(distinct) / 3:
-        fix = (f"use at most --holdout {len(distinct) // 6}" if len(distinct) >= 6 else
-               "a corpus needs at least 6 distinct pairs to hold out one for validation and one for test")
+        if len(distinct) < 6:
+            raise CorpusError(f"{len(distinct)} distinct pairs read: a corpus needs at least 6 to hold out one for "
+                              "validation and one for test.")
         raise CorpusError(
             f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
-            f"than a third of the {len(distinct)} distinct pairs read; {fix}."
+            f"than a third of the {len(distinct)} distinct pairs read; use at most --holdout {len(distinct) // 6}."
         )
+    seed_note = f"split seed {seed}"
+    if chosen and holdout < HOLDOUT:
+        share = "a tenth of the pairs" if holdout > 1 else "the fewest"
+        seed_note += f"; no --holdout: {holdout} held out for each of validation and test, {share}"
     groups: dict[str, list[Pair]] = {}
     for pair in distinct:
         groups.setdefault(pair[0], []).append(pair)
@@ -372,10 +384,11 @@ def split_pairs(pairs: list[Pair], holdout: int, description: str = "", skipped_
         raise CorpusError(f"No training pairs left after holding out {holdout} for validation and test.")
     # Training order: as drawn (the input pipeline shuffles again).
     return Corpus(**splits, skipped_empty=skipped_empty, duplicates_dropped=duplicates,
-                  description=f"{description} (split seed {seed})" if description else f"split seed {seed}")
+                  description=f"{description} ({seed_note})" if description else seed_note)
 
 
-def corpus_from_files(source_file=None, target_file=None, tsv=None, holdout: int = 500, seed: int = 0) -> Corpus:
+def corpus_from_files(source_file=None, target_file=None, tsv=None, holdout: int | None = None,
+                      seed: int = 0) -> Corpus:
     """Read a parallel-file or TSV corpus and split it (see `split_pairs`)."""
     if tsv is not None:
         pairs, skipped = read_tsv(tsv)
