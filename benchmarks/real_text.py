@@ -40,6 +40,8 @@ RECIPE = dict(
 
 
 ENGINES = ("keras", "keras-int8", "ctranslate2", "ctranslate2-int8")
+# Pairs in each held-out split, the published runs' (a 2,001-pair test split of Tatoeba).
+HOLDOUT = 2000
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--source-file")
     p.add_argument("--target-file")
     p.add_argument("--reverse", action="store_true", help="Translate the second column into the first.")
-    p.add_argument("--holdout", type=int, default=2000, help="Pairs in each of validation and test.")
+    p.add_argument("--holdout", type=int, help=f"Pairs in each of validation and test (default: {HOLDOUT}, or a tenth "
+                                               f"of a corpus of fewer than {10 * HOLDOUT:,} distinct pairs).")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--minutes", type=float,
                    help="Stop training (at the end of the step running then) once the whole run has taken this "
@@ -73,6 +76,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.tsv and not (args.source_file and args.target_file):
         p.error("give --tsv FILE, or --source-file and --target-file")
     return args
+
+
+def holdout(args) -> int:
+    """`--holdout`, or `HOLDOUT` where the corpus has ten times as many distinct pairs and
+    a tenth of it where fewer, as `train` does with its own default."""
+    if args.holdout is not None:
+        return args.holdout
+    from keras_transformer.tools.text import corpora
+
+    if args.tsv:
+        pairs, _ = corpora.read_tsv(args.tsv)
+    else:
+        pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
+    return min(HOLDOUT, max(1, len(set(pairs)) // 10))
 
 
 def time_limit(deadline: float):
@@ -118,7 +135,7 @@ def main(argv=None) -> dict:
 
     config = TrainConfig(
         corpus="tsv" if args.tsv else "files", tsv=args.tsv, source_file=args.source_file,
-        target_file=args.target_file, reverse=args.reverse, holdout=args.holdout, steps=args.steps,
+        target_file=args.target_file, reverse=args.reverse, holdout=holdout(args), steps=args.steps,
         seed=args.seed, **{key: getattr(args, key) for key in RECIPE},
     )
     out = pathlib.Path(args.output_dir)
@@ -162,7 +179,8 @@ def main(argv=None) -> dict:
                   "empty_skipped": corpus.skipped_empty, "train_too_long": data["train_too_long"]},
         "config": {k: getattr(config, k) for k in ("preset", "vocab_size", "batch_tokens", "warmup_steps",
                                                    "learning_rate_scale", "steps", "average_checkpoints",
-                                                   "average_from", "max_length")},
+                                                   "average_from", "max_length", "holdout",
+                                                   "validate_translations")},
         "minutes_limit": args.minutes,
         "vocabulary": tokenizer.vocab_size,
         "steps": metrics["steps"],
@@ -262,7 +280,8 @@ def markdown(r: dict) -> str:
                      f"of {s['sentences']} | {s['seconds']} ({s.get('first_pass_seconds', s['seconds'])}) |")
     signature = next(iter(r["test"].values()))
     lines += ["", f"sacreBLEU `{signature['bleu_signature']}`, `{signature['chrf_signature']}`", "",
-              "Validation BLEU (greedy, 500 sentences) by step: "
+              f"Validation BLEU (greedy, {min(r['config']['validate_translations'], split['validation']):,} "
+              "sentences) by step: "
               + ", ".join(f"{c['step']}: {c['val_bleu']:.1f}" for c in r["validation_curve"]), ""]
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ import gzip
 import json
 import logging
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -500,6 +501,22 @@ def test_without_a_holdout_a_corpus_holds_out_500_pairs_or_a_tenth(size, held_ou
     if size < 3_000:
         with pytest.raises(corpora.CorpusError, match=rf"--holdout 500 asks .* use at most --holdout {size // 6}"):
             corpora.split_pairs(pairs, holdout=500)
+
+
+def test_the_real_text_benchmark_holds_out_2000_pairs_or_a_tenth(tmp_path):
+    """benchmarks/real_text.py held out 2,000 pairs for each split whatever the corpus: one
+    of fewer than 12,000 pairs was refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "real_text", pathlib.Path(__file__).parents[1] / "benchmarks" / "real_text.py")
+    real_text = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_text)
+    for size, held_out in ((3_000, 300), (30_000, 2_000)):
+        tsv = tmp_path / f"{size}.tsv"
+        tsv.write_text("".join(f"sentence {i}.\tSatz {i}.\n" for i in range(size)) + "sentence 0.\tSatz 0.\n")
+        assert real_text.holdout(real_text.parse_args(["--tsv", str(tsv)])) == held_out
+    assert real_text.holdout(real_text.parse_args(["--tsv", str(tsv), "--holdout", "7"])) == 7
 
 
 def test_a_corpus_of_fewer_than_six_pairs_cannot_be_split():
