@@ -371,7 +371,7 @@ def test_bad_cluster_settings_are_one_sentence_each(backend):
     ({"cluster": {"worker": []}}, "TF_CONFIG's cluster lists no process: give each process's host:port under"),
     ({"task": {"type": "worker", "index": True}}, "task.index must be an integer >= 0; got True"),
     ({"task": {"type": "worker", "index": 1.5}}, "task.index must be an integer >= 0; got 1.5"),
-    ({"task": {"type": "worker"}}, "task.index must be an integer >= 0; got None"),
+    ({"task": {"type": "worker"}}, "task.index is not set: each process of a multi-process run needs its own index"),
     ({"task": [0]}, "needs a \"cluster\" and a \"task\" object"),
 ])
 def test_a_tf_config_that_is_not_workers_and_a_chief_is_named(config, message):
@@ -506,8 +506,13 @@ def test_an_ipv6_coordinator_is_written_in_brackets_and_a_rank_alone_is_not_one_
                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1"}
     assert cluster.from_environment("jax", environ).address == environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
     # RANK without WORLD_SIZE trained as a single process, writing the run as its chief.
-    with pytest.raises(ClusterError, match="^WORLD_SIZE must be an integer >= 1; got None"):
+    with pytest.raises(ClusterError, match="^WORLD_SIZE is not set: each process of a multi-process run needs the "
+                                           "number of processes"):
         cluster.from_environment("torch", {"RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"})
+    # The same for a JAX process given a count and no index (it said "got None").
+    with pytest.raises(ClusterError, match="^KERAS_DISTRIBUTION_PROCESS_ID is not set: each process of a "
+                                           "multi-process run needs its own index among them, from 0"):
+        cluster.from_environment("jax", {k: v for k, v in environ.items() if k != "KERAS_DISTRIBUTION_PROCESS_ID"})
 
 
 def test_launch_refuses_a_port_out_of_range_or_in_use_once_before_starting(monkeypatch, capsys):

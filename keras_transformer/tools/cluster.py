@@ -125,6 +125,9 @@ def from_environment(backend: str, environ=None) -> Cluster:
 
 def _integer(value, name: str, minimum: int) -> int:
     """A count or an index: a variable's ASCII digits, or a JSON integer (TF_CONFIG's)."""
+    if value is None:
+        needs = "the number of processes" if minimum else "its own index among them, from 0"
+        raise ClusterError(f"{name} is not set: each process of a multi-process run needs {needs}.")
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and value.isascii() and value.isdigit():
