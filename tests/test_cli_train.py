@@ -522,7 +522,7 @@ def test_a_setting_the_corpus_does_not_read_is_not_compared_on_resume(tmp_path):
     assert check_output_dir(tmp_path, TrainConfig()) is True
     # With a corpus that reads it, it is a different run.
     (tmp_path / "config.json").write_text(json.dumps(dataclasses.asdict(TrainConfig(corpus="tsv", tsv="a", holdout=20))))
-    with pytest.raises(RunError, match="holdout: saved 20, now None"):
+    with pytest.raises(RunError, match="holdout: saved 20, now not given"):
         check_output_dir(tmp_path, TrainConfig(corpus="tsv", tsv="a"))
 
 

@@ -56,6 +56,12 @@ def _same_setting(key: str, saved, now) -> bool:
         return False
 
 
+def _shown(value) -> str:
+    """A setting as a difference of configs names it: `None` is a flag not given (its
+    default is worked out from the run, as `--holdout`'s and `--warmup-steps`' are)."""
+    return "not given" if value is None else repr(value)
+
+
 def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     """Refuse an output path that is a file, a directory that holds something other than
     a run, or a run with a different config; return whether a run is there to resume."""
@@ -98,7 +104,7 @@ def check_output_dir(directory: pathlib.Path, config: TrainConfig) -> bool:
     saved = {**dataclasses.asdict(TrainConfig()), **saved}
     unread = config.unread_settings() if saved.get("corpus") == config.corpus else {}
     differences = [
-        f"{key}: saved {saved.get(key)!r}, now {current.get(key)!r}"
+        f"{key}: saved {_shown(saved.get(key))}, now {_shown(current.get(key))}"
         for key in sorted(set(saved) | set(current))
         if not _same_setting(key, saved.get(key), current.get(key)) and key not in unread
     ]
