@@ -36,7 +36,8 @@ def main(argv=None):
     parser.add_argument("--run-dir", type=pathlib.Path, help="Where the run goes. Default: a temporary folder.")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--size", type=int, default=20000, help="Pairs to generate when no files are given.")
-    parser.add_argument("--holdout", type=int, default=200, help="Pairs held out for validation and for test.")
+    parser.add_argument("--holdout", type=int, help="Pairs held out for validation and for test (default: train's, "
+                                                    "500 or a tenth of a corpus of fewer than 5,000 pairs).")
     parser.add_argument("--eval-size", type=int, default=100)
     args = parser.parse_args(argv)
     run_dir = args.run_dir or pathlib.Path(tempfile.mkdtemp(prefix="kt-translate-")) / "run"
