@@ -108,7 +108,12 @@ def _bad_input_cases(tmp_path):
         (["--vocab-size", "6", "--train-size", "100"], r"--vocab-size 6: SentencePiece could not learn a vocabulary of 6 "
                                                        r"pieces from \d+ texts: .* to at least \d+\."),
         (["--tsv", four_hundred, "--holdout", "20", "--max-length", "3"],
-         r"only 0 training pairs are left \(\d+ longer than --max-length 3 dropped"),
+         r"only 0 training pairs are left \(20 and 20 held out for validation and test, \d+ longer than --max-length 3 "
+         r"dropped.*Raise --max-length, hold out fewer pairs \(--holdout N\), or give a larger corpus\.$"),
+        # The numbers corpus holds out no --holdout: the message offers what it reads.
+        (["--train-size", "100", "--max-length", "2"],
+         r"only \d training pairs are left \(\d+ longer than --max-length 2 dropped, 0 with an empty side skipped\); "
+         r"at least 100 are needed\. Raise --max-length or give a larger corpus\.$"),
     ]
 
 

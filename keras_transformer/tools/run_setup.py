@@ -209,7 +209,7 @@ def prepare(config, output_dir, corpus, resuming):
             raise RunError(f"--vocab-size {config.vocab_size}: {e}") from None
     print(f"vocabulary: {tokenizer.vocab_size} {tokenizer.kind} tokens (asked for at most {config.vocab_size})",
           flush=True)
-    data = data_statistics(corpus, tokenizer, config.max_length)
+    data = data_statistics(corpus, tokenizer, config.max_length, "holdout" in CORPORA[config.corpus].reads)
     print(data["summary"], flush=True)
     return tokenizer, data
 
@@ -238,10 +238,11 @@ def finished_metrics(config: TrainConfig, output_dir) -> dict | None:
     return metrics if isinstance(metrics.get("steps"), int) else None
 
 
-def data_statistics(corpus, tokenizer, max_length: int) -> dict:
+def data_statistics(corpus, tokenizer, max_length: int, holdout_flag: bool = False) -> dict:
     """What the input pipeline will keep and drop, and how much of the text is `[UNK]`.
 
-    Raises `RunError` when fewer than `MIN_TRAIN_PAIRS` training pairs fit `max_length`.
+    Raises `RunError` when fewer than `MIN_TRAIN_PAIRS` training pairs fit `max_length`;
+    with `holdout_flag` (a corpus that reads `--holdout`) its message offers that flag too.
     """
     import numpy as np
 
@@ -285,10 +286,12 @@ def data_statistics(corpus, tokenizer, max_length: int) -> dict:
     if dropped > TOO_LONG_WARNING * len(corpus.train):
         summary += "\n" + _too_long_warning(dropped / len(corpus.train), max_length, train_longest)
     if kept < MIN_TRAIN_PAIRS:
+        held_out = f"{len(corpus.validation)} and {len(corpus.test)} held out for validation and test, "
+        fixes = "Raise --max-length, hold out fewer pairs (--holdout N)," if holdout_flag else "Raise --max-length"
         raise RunError(
-            f"only {kept} training pairs are left ({dropped} longer than --max-length {max_length} dropped, "
-            f"{corpus.skipped_empty} with an empty side skipped); at least {MIN_TRAIN_PAIRS} are needed. "
-            "Raise --max-length or give a larger corpus."
+            f"only {kept} training pairs are left ({held_out if holdout_flag else ''}{dropped} longer than "
+            f"--max-length {max_length} dropped, {corpus.skipped_empty} with an empty side skipped); at least "
+            f"{MIN_TRAIN_PAIRS} are needed. {fixes} or give a larger corpus."
         )
     return {**counts, "summary": summary}
 
