@@ -89,7 +89,7 @@ def holdout(args) -> int:
         pairs, _ = corpora.read_tsv(args.tsv)
     else:
         pairs, _ = corpora.read_parallel_files(args.source_file, args.target_file)
-    return min(HOLDOUT, max(1, len(set(pairs)) // 10))
+    return corpora.default_holdout(len(set(pairs)), most=HOLDOUT)
 
 
 def time_limit(deadline: float):

@@ -334,6 +334,11 @@ def _drop_empty(pairs) -> tuple[list[Pair], int]:
     return kept, skipped
 
 
+def default_holdout(distinct_pairs: int, most: int = HOLDOUT) -> int:
+    """Held-out pairs per split when none is asked for: `most`, or a tenth of a smaller corpus (at least 1)."""
+    return min(most, max(1, distinct_pairs // 10))
+
+
 def split_pairs(pairs: list[Pair], holdout: int | None = None, description: str = "", skipped_empty: int = 0,
                 seed: int = 0) -> Corpus:
     """Split pairs into train / validation / test, grouped by source sentence.
@@ -343,30 +348,26 @@ def split_pairs(pairs: list[Pair], holdout: int | None = None, description: str 
     another translation of it. The groups are taken in an order drawn with `seed`
     (from the sorted sources, so the line order of the file does not matter): test
     first until it holds at least `holdout` pairs, then validation, the rest train.
-    `holdout=None` is `defaults.HOLDOUT` (500), or a tenth of the distinct pairs where
-    that is fewer (at least one); the split's description then says so.
+    `holdout=None` is `default_holdout` of the distinct pairs (500, or a tenth of a
+    smaller corpus); the split's description then says so.
 
     Raises:
         CorpusError: an empty corpus, one of fewer than 6 distinct pairs, or `holdout`
-            above a sixth of the pairs (the two held-out splits together above a
-            third), with both numbers.
+            above a sixth of the pairs (both held-out splits above a third), with both numbers.
     """
     if not pairs:
         raise CorpusError(f"The corpus is empty{': ' + description if description else ''} "
                           f"({skipped_empty} {_EMPTY}).")
     distinct = list(dict.fromkeys(pairs))
     duplicates = len(pairs) - len(distinct)
-    chosen = holdout is None
-    if chosen:
-        holdout = min(HOLDOUT, max(1, len(distinct) // 10))
+    chosen, holdout = holdout is None, default_holdout(len(distinct)) if holdout is None else holdout
     if 2 * holdout > len(distinct) / 3:
         if len(distinct) < 6:
             raise CorpusError(f"{len(distinct)} distinct pairs read: a corpus needs at least 6 to hold out one for "
                               "validation and one for test.")
-        raise CorpusError(
-            f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
-            f"than a third of the {len(distinct)} distinct pairs read; use at most --holdout {len(distinct) // 6}."
-        )
+        raise CorpusError(f"--holdout {holdout} asks for {2 * holdout} held-out pairs (validation and test), more "
+                          f"than a third of the {len(distinct)} distinct pairs read; use at most --holdout "
+                          f"{len(distinct) // 6}.")
     seed_note = f"split seed {seed}"
     if chosen and holdout < HOLDOUT:
         share = "a tenth of the pairs" if holdout > 1 else "the fewest"
