@@ -10,6 +10,14 @@ import numpy as np
 import pytest
 
 
+# The C++ log level of TensorFlow and XLA, as CI sets it (`.ci/run`), before anything
+# imports them; a user's own setting stays. Unset, the first `import jax` sets it to 1
+# (jax/__init__.py), and the commands the tests run in this process (`cli.main`) would
+# take that for the user's level and let TensorFlow's "failed call to cuInit" through
+# on a machine with CUDA's libraries and no GPU.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 def _backend():
     """The backend Keras will use, read without importing Keras where the environment names it.
 
