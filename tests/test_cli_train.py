@@ -72,6 +72,7 @@ def _bad_input_cases(tmp_path):
         (["--source-file", write("plain.gz", "not gzip\n"), "--target-file", src], r"plain.gz is not a complete gzip file"),
         (["--train-size", "50"], r"--train-size must be in \[100, 998000\].*got 50"),
         (["--seed", "-1"], r"--seed must be in \[0, 2\*\*32\); got -1"),
+        (["--seed", str(2**32)], r"error: --seed must be in \[0, 2\*\*32\); got 4294967296\.$"),
         (["--min-frequency", "-1"], r"--min-frequency must be >= 0; got -1"),
         (["--d-model", "32", "--num-heads", "3"], r"--d-model \(32\) must be divisible by --num-heads \(3\)"),
         (["--steps", "0", "--dropout", "1.5"], r"--steps must be >= 1; got 0.*--dropout must be in \[0, 1\)"),

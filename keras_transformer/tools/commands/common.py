@@ -128,15 +128,16 @@ def path(text: str) -> str:
     return text
 
 
-def integer(text: str) -> int:
-    """An argparse type: an integer in ASCII digits, at most `MAX_INT` (each flag's own
-    range is checked where the flag is)."""
+def integer(text: str, maximum: int | None = MAX_INT) -> int:
+    """An argparse type: an integer in ASCII digits, at most `maximum` (each flag's own
+    range is checked where the flag is; `maximum=None` for one whose check covers every
+    integer)."""
     try:
         value = _parse_integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value > MAX_INT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {text}")
+    if maximum is not None and value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {text}")
     return value
 
 

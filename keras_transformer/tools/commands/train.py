@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 
@@ -67,8 +68,9 @@ def _add_setting_flag(group, field) -> None:
     if shown is not None:
         help_text = f"{help_text} [default: {shown}]"
     kind = meta.pop("type", None) or type(field.default)
-    if kind is int:
-        kind = integer  # ASCII digits, at most MAX_INT: the rule of every integer flag
+    if kind is int:  # ASCII digits, at most MAX_INT: the rule of every integer flag but the seed,
+        # whose whole range, [0, 2**32) as NumPy's, the config checks and names
+        kind = functools.partial(integer, maximum=None) if field.name == "seed" else integer
     elif kind is str and "choices" not in meta:
         kind = path  # a file: not empty
     group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
