@@ -5,6 +5,7 @@ TensorFlow suite only; the training, translation and export tests use them under
 PyTorch too."""
 
 import gzip
+import io
 import json
 import logging
 import os
@@ -373,6 +374,17 @@ def test_parallel_files_gzip_and_empty_lines(tmp_path):
     tgt.write_text("ein Haus\nleer\ndie Katze\n", encoding="utf-8")
     pairs, skipped = corpora.read_parallel_files(src, tgt)
     assert pairs == [("a house", "ein Haus"), ("the cat", "die Katze")] and skipped == 1
+
+
+def test_gzip_data_is_read_as_gzip_whatever_the_file_is_called(tmp_path):
+    # A compressed corpus saved without .gz (a download renamed): gzip's first bytes are no text's.
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_bytes(gzip.compress("a house\tein Haus\nthe cat\tdie Katze\n".encode()))
+    assert corpora.read_tsv(corpus) == ([("a house", "ein Haus"), ("the cat", "die Katze")], 0)
+    assert corpora.read_stream(io.BytesIO(corpus.read_bytes()), "pipe") == corpus.read_bytes()  # a pipe: no NUL check
+    corpus.write_bytes(b"\x1f\x8b not gzip after all")
+    with pytest.raises(corpora.CorpusError, match=r"pairs.tsv is not a complete gzip file \(BadGzipFile"):
+        corpora.read_tsv(corpus)
 
 
 def test_parallel_files_errors_name_files_counts_and_lines(tmp_path):

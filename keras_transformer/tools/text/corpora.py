@@ -67,11 +67,8 @@ class Corpus:
         return h.hexdigest()
 
     def summary(self) -> str:
-        return (
-            f"{self.description}: {len(self.train)} train, {len(self.validation)} validation, "
-            f"{len(self.test)} test pairs; {self.skipped_empty} {_EMPTY}, "
-            f"{self.duplicates_dropped} repeated pairs dropped"
-        )
+        return (f"{self.description}: {len(self.train)} train, {len(self.validation)} validation, {len(self.test)} "
+                f"test pairs; {self.skipped_empty} {_EMPTY}, {self.duplicates_dropped} repeated pairs dropped")
 
 
 def numbers_corpus(
@@ -107,18 +104,13 @@ def numbers_corpus(
     """
     held_out = validation_size + test_size
     if train_size < 100 or held_out + train_size > max_number + 1:
-        raise ValueError(
-            f"Need train_size >= 100 and train + held-out sizes <= max_number + 1. "
-            f"Received: train_size={train_size}, validation_size={validation_size}, "
-            f"test_size={test_size}, max_number={max_number}"
-        )
+        raise ValueError(f"Need train_size >= 100 and train + held-out sizes <= max_number + 1. Received: "
+                         f"train_size={train_size}, validation_size={validation_size}, test_size={test_size}, "
+                         f"max_number={max_number}")
     rng = np.random.default_rng(seed)
     numbers = rng.permutation(sorted(_draw_numbers(rng, train_size - 100 + held_out, max_number)))
-    test, validation, train = (
-        numbers[:test_size],
-        numbers[test_size:held_out],
-        np.concatenate([np.arange(100), numbers[held_out:]]),
-    )
+    test, validation = numbers[:test_size], numbers[test_size:held_out]
+    train = np.concatenate([np.arange(100), numbers[held_out:]])
 
     source_words, target_words = _NumberWords(source_lang), _NumberWords(target_lang)
 
@@ -194,33 +186,40 @@ class _NumberWords:
 
 
 def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
-    """The file's bytes, gunzipped for `.gz`; every read problem as a `CorpusError`.
+    """The file's bytes, gunzipped for `.gz` or data that starts as gzip's does (no text
+    does: `1f 8b` is not UTF-8); every read problem as a `CorpusError`.
 
     With `streams`, also a pipe or a device read once to its end (`/dev/null`, a shell's
     `<(command)`); without, a regular file only (`files.input_problem`)."""
     problem = files.input_problem(path, streams)
     if problem:
         raise CorpusError(problem)
+    gzipped = path.suffix == ".gz"
     try:
         if path.is_file():
             data = path.read_bytes()
         else:  # a pipe or a device: it may never end (/dev/zero), so read it in chunks
             with open(path, "rb") as stream:
-                data = read_stream(stream, path, text=path.suffix != ".gz")
-        if path.suffix == ".gz":
-            data = gzip.decompress(data)
+                data = read_stream(stream, path, text=not gzipped)
+        gzipped = gzipped or data.startswith(_GZIP_MAGIC)
+        data = gzip.decompress(data) if gzipped else data
     except (OSError, EOFError, zlib.error) as e:  # unreadable, not gzip, truncated
-        what = "a complete gzip file" if path.suffix == ".gz" else "readable"
-        raise CorpusError(f"{path} is not {what} ({type(e).__name__}: {e})") from None
+        raise CorpusError(f"{path} is not {'a complete gzip file' if gzipped else 'readable'} "
+                          f"({type(e).__name__}: {e})") from None
     return data
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def read_stream(stream, name, text: bool = True) -> bytes:
     """All of a binary stream (a pipe, a device, standard input), read in chunks. For
     `text`, a NUL byte, which no text holds, stops it with a `CorpusError` (binary data,
-    or a device such as `/dev/zero` that would be read until memory runs out)."""
+    or a device such as `/dev/zero` that would be read until memory runs out), unless the
+    stream starts as gzip data does (checked as text once decompressed)."""
     chunks, lines = [], 0
     while chunk := stream.read(1 << 20):
+        text = text and not (not chunks and chunk.startswith(_GZIP_MAGIC))
         if text:
             _refuse_nul(chunk, name, lines)
         chunks.append(chunk)
