@@ -55,6 +55,8 @@ def _bad_input_cases(tmp_path):
         (["--source-file", src, "--target-file", str(tmp_path / "nope.txt")], r"File not found: .*nope.txt"),
         (["--source-file", src], r"--source-file and --target-file must be given together"),
         (["--vocab-size", "4"], r"--vocab-size must be >= 5"),
+        (["--output-dir", fifo(tmp_path / "pipe-out")],
+         r"--output-dir .*pipe-out: it is not a regular file or a folder \(a device, a pipe or a socket\)"),
         (["--tsv", write("bad.tsv", "a\tb\nno tab\n")], r"bad.tsv, line 2: expected 'source<TAB>target'"),
         (["--tsv", write("bytes.tsv", b"a\tb\n\xc3\x28\tx\n")], r"bytes.tsv, line 2: not valid UTF-8"),
         (["--tsv", write("nul.tsv", b"a\tb\nc\t\x00\n")], r"nul.tsv, line 2: a NUL byte, which text never holds"),

@@ -212,7 +212,7 @@ def test_translate_a_file_into_a_file(demo, tmp_path, capsys, monkeypatch):
         (["--input", str(tmp_path / ("a" * 300))], "File name too long"),  # was status 1, after loading the model
         (["--input", str(tmp_path)], "is a directory, not a file"),
         (["--input", str(source), "--output", str(tmp_path)], "is a directory, not a file"),
-        (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file (a device, a pipe"),
+        (["--input", str(source), "--output", str(tmp_path / "pipe")], "it is not a regular file or a folder (a device, a pipe"),
         # A device that never ends was read until memory ran out; NUL bytes are not text.
         (["--input", "/dev/zero"], "/dev/zero, line 1: a NUL byte, which text never holds: binary data, not text"),
     ):

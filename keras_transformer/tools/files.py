@@ -181,8 +181,8 @@ def creation_problem(path, run_dir=None) -> str | None:
         if real.is_relative_to(run) and run_name(real.relative_to(run).parts[0]):
             return f"it is the run's own {real.relative_to(run).parts[0]}, which this would overwrite"
     if path.exists() and not (path.is_file() or path.is_dir()):  # followed through links, like a write
-        return ("it is not a regular file (a device, a pipe or a socket), and the output is written under a "
-                "temporary name and renamed into place")
+        return ("it is not a regular file or a folder (a device, a pipe or a socket), and the output is written "
+                "under a temporary name and renamed into place")
     place = next(p for p in (path, *path.parents) if os.path.lexists(p))  # the nearest that exists
     try:  # it exists; followed, a link may lead round in a loop or (a folder above) to nothing
         os.stat(place)
