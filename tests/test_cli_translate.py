@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -573,6 +574,19 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--hypotheses {hypotheses} is the {named} file" in err, err
     assert notes.read_text() == "one two\n" and (tmp_path / "references.txt").read_text() == "eins zwei\n"
+    # And over the corpus file the run's config names, which --split reads (it overwrote it).
+    corpus, tsv_run = tmp_path / "pairs.tsv", tmp_path / "tsv_run"
+    corpus.write_text("one\teins\n")
+    (tmp_path / "pairs_link.tsv").symlink_to(corpus)
+    tsv_run.mkdir()
+    shutil.copy(demo / "run" / "model.keras", tsv_run)
+    config = json.loads((demo / "run" / "config.json").read_text())
+    (tsv_run / "config.json").write_text(json.dumps(dict(config, corpus="tsv", tsv=str(corpus))))
+    for hypotheses in (corpus, tmp_path / "pairs_link.tsv"):
+        assert cli.main(["evaluate", "--run-dir", str(tsv_run), "--hypotheses", str(hypotheses)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--hypotheses {hypotheses} is the run's --tsv file {corpus}" in err, err
+    assert corpus.read_text() == "one\teins\n"
     # --split names the run's own pairs: with files as well, one of the two was ignored.
     assert cli.main(["evaluate", "--run-dir", run, "--split", "validation", "--source-file", str(notes),
                      "--target-file", str(tmp_path / "references.txt")]) == 2

@@ -9,6 +9,7 @@ from keras_transformer.tools.commands.common import (COMPILE_MODES, add_command,
                                                       check_writable, decoding_flags, load_run, quantize_flag,
                                                       path, run_dir_flag)
 from keras_transformer.tools.config import RunError, TrainConfig
+from keras_transformer.tools.corpus_kinds import CORPUS_FILES
 from keras_transformer.tools.files import input_problem, json_object, run_model_file
 
 
@@ -50,9 +51,12 @@ def check(args) -> dict:
     if hypotheses.is_dir():
         raise RunError(f"--hypotheses {hypotheses} is a directory; give a file name.")
     check_writable("--hypotheses", hypotheses, args.run_dir)
-    check_not_an_input("--hypotheses", hypotheses, {"--source-file": args.source_file, "--target-file": args.target_file})
     run_model_file(args.run_dir, args.model)
     config = None if args.source_file else _run_config(pathlib.Path(args.run_dir) / "config.json", split)
+    # The files the pairs are read from: those given, or the corpus files the run's config names.
+    inputs = ({"--source-file": args.source_file, "--target-file": args.target_file} if config is None else
+              {f"run's --{name.replace('_', '-')}": getattr(config, name) for name in CORPUS_FILES})
+    check_not_an_input("--hypotheses", hypotheses, inputs)
     return {"hypotheses": hypotheses, "split": split, "config": config}
 
 
