@@ -587,6 +587,12 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--hypotheses {hypotheses} is the run's --tsv file {corpus}" in err, err
     assert corpus.read_text() == "one\teins\n"
+    # "-" is standard output to translate; evaluate's scores go there, and it wrote a file named "-".
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["evaluate", "--run-dir", run, "--hypotheses", "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--hypotheses -: evaluate writes its scores to standard output" in err, err
+    assert not (tmp_path / "-").exists()
     # --split names the run's own pairs: with files as well, one of the two was ignored.
     assert cli.main(["evaluate", "--run-dir", run, "--split", "validation", "--source-file", str(notes),
                      "--target-file", str(tmp_path / "references.txt")]) == 2

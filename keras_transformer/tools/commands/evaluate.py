@@ -45,6 +45,9 @@ def check(args) -> dict:
         problem = path and input_problem(path, streams=True)  # before the model loads
         if problem:
             raise RunError(f"{flag}: {problem}.")
+    if args.hypotheses == "-":  # translate's name for standard output; a file named "-" here
+        raise RunError("--hypotheses -: evaluate writes its scores to standard output, so the translations need a "
+                       "file; give a file name (translate --input FILE --output - prints translations)")
     split = args.split or "test"
     hypotheses = pathlib.Path(args.hypotheses or os.path.join(
         args.run_dir, f"hypotheses.{'files' if args.source_file else split}.txt"))
