@@ -593,6 +593,11 @@ def test_translate_and_evaluate_refuse_bad_input(demo, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--hypotheses -: evaluate writes its scores to standard output" in err, err
     assert not (tmp_path / "-").exists()
+    # As a file to read, "-" is standard input, as for translate (it was "File not found: -").
+    checked = evaluate.check(cli.parse(["evaluate", "--run-dir", run, "--source-file", "-", "--target-file", str(notes)]))
+    assert (checked["source_file"], checked["target_file"]) == ("/dev/stdin", str(notes))
+    assert cli.main(["evaluate", "--run-dir", run, "--source-file", "-", "--target-file", "-"]) == 2
+    assert "--source-file and --target-file cannot both be standard input (-)" in capsys.readouterr().err
     # --split names the run's own pairs: with files as well, one of the two was ignored.
     assert cli.main(["evaluate", "--run-dir", run, "--split", "validation", "--source-file", str(notes),
                      "--target-file", str(tmp_path / "references.txt")]) == 2

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     run_dir_flag(p)
     p.add_argument("--split", choices=["test", "validation"],
                    help="Which split of the run's corpus to translate. [default: test]")
-    p.add_argument("--source-file", type=path, help="Evaluate on these sources instead of the run's split ...")
+    p.add_argument("--source-file", type=path, help="Evaluate on these sources instead of the run's split "
+                                                    "(- reads standard input) ...")
     p.add_argument("--target-file", type=path, help="... with these references.")
     p.add_argument("--limit", type=at_least(1), help="Only the first N sentences.")
     p.add_argument("--hypotheses", type=path,
@@ -41,7 +42,12 @@ def check(args) -> dict:
     if args.source_file and args.split:
         raise RunError(f"--split {args.split} picks the run's own held-out pairs; --source-file and --target-file "
                        "give others: give one or the other.")
-    for flag, path in (("--source-file", args.source_file), ("--target-file", args.target_file)):
+    if args.source_file == args.target_file == "-":
+        raise RunError("--source-file and --target-file cannot both be standard input (-): give one of them a file.")
+    # "-" is standard input, as for translate's --input.
+    files = {flag: "/dev/stdin" if path == "-" else path
+             for flag, path in (("--source-file", args.source_file), ("--target-file", args.target_file))}
+    for flag, path in files.items():
         problem = path and input_problem(path, streams=True)  # before the model loads
         if problem:
             raise RunError(f"{flag}: {problem}.")
@@ -57,10 +63,11 @@ def check(args) -> dict:
     run_model_file(args.run_dir, args.model)
     config = None if args.source_file else _run_config(pathlib.Path(args.run_dir) / "config.json", split)
     # The files the pairs are read from: those given, or the corpus files the run's config names.
-    inputs = ({"--source-file": args.source_file, "--target-file": args.target_file} if config is None else
+    inputs = (files if config is None else
               {f"run's --{name.replace('_', '-')}": getattr(config, name) for name in CORPUS_FILES})
     check_not_an_input("--hypotheses", hypotheses, inputs)
-    return {"hypotheses": hypotheses, "split": split, "config": config}
+    return {"hypotheses": hypotheses, "split": split, "config": config,
+            "source_file": files["--source-file"], "target_file": files["--target-file"]}
 
 
 def _run_config(config_file: pathlib.Path, split: str) -> TrainConfig:
