@@ -55,6 +55,7 @@ def _bad_input_cases(tmp_path):
         (["--source-file", src, "--target-file", str(tmp_path / "nope.txt")], r"File not found: .*nope.txt"),
         (["--source-file", src], r"--source-file and --target-file must be given together"),
         (["--vocab-size", "4"], r"--vocab-size must be >= 5"),
+        (["--tsv", "-"], r"--tsv: - \(standard input\) cannot be a corpus: a corpus is read again by every process"),
         (["--output-dir", fifo(tmp_path / "pipe-out")],
          r"--output-dir .*pipe-out: it is not a regular file or a folder \(a device, a pipe or a socket\)"),
         (["--tsv", write("bad.tsv", "a\tb\nno tab\n")], r"bad.tsv, line 2: expected 'source<TAB>target'"),

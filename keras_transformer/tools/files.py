@@ -60,6 +60,9 @@ def input_problem(path, streams: bool = False) -> str | None:
     try:
         path.stat()
     except FileNotFoundError:
+        if str(path) == "-" and not streams:  # standard input, as translate and evaluate read "-"
+            return ("- (standard input) cannot be a corpus: a corpus is read again by every process of a run and "
+                    "when a run resumes; write it to a file")
         return f"File not found: {path}"
     except OSError as e:  # a name past 255 bytes, a loop of links
         return f"{path}: {e.strerror or e}"
