@@ -50,8 +50,9 @@ def busy_error(output_dir) -> RunError:
 def _setting(default, help: str, group: str, **flag):
     """A `TrainConfig` field and its command-line flag, written once: the flag is
     `--field-name`; `help` is its help text; `flag` holds more of `add_argument`'s
-    arguments (`choices`, `metavar`, `type` where the default is `None`) and
-    `shown_default`, what `--help` prints where the default is `None`."""
+    arguments (`choices`, `metavar`, `type` where the default is `None`),
+    `shown_default`, what `--help` prints where the default is `None`, and `own_range`
+    for an integer whose whole range `validate` checks, past `MAX_INT` (the seed's)."""
     return dataclasses.field(default=default, metadata={"help": help, "group": group, **flag})
 
 
@@ -138,7 +139,7 @@ class TrainConfig:
     mixed_precision: str | None = _setting(
         None, "Compute in this precision, keep weights in float32 (Keras' mixed policy; float16 scales the "
         "loss). Saved with the run: resume, evaluate and export use it.", TRAINING, type=str, choices=MIXED_PRECISION)
-    seed: int = _setting(0, "Random seed (data order, initialisation).", TRAINING)
+    seed: int = _setting(0, "Random seed (data order, initialisation).", TRAINING, own_range=True)
 
     def validate(self) -> None:
         """Check every setting at once; raise `RunError` naming each flag that is wrong.
@@ -217,7 +218,7 @@ class TrainConfig:
             wanted, said = _TYPES[kind]
             if isinstance(value, bool) != (kind == "bool") or not isinstance(value, wanted):
                 problems.append(f"--{_flag(field.name)} must be {said}; got {value!r}")
-            elif kind == "int" and value > MAX_INT and field.name != "seed":  # the seed's range is its own
+            elif kind == "int" and value > MAX_INT and not field.metadata.get("own_range"):
                 problems.append(f"--{_flag(field.name)} must be at most {MAX_INT}; got {value}")
         return problems
 

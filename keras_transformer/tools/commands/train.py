@@ -58,6 +58,7 @@ def _add_setting_flag(group, field) -> None:
     meta = dict(field.metadata)
     help_text, shown = meta.pop("help"), meta.pop("shown_default", None)
     meta.pop("group")
+    own_range = meta.pop("own_range", False)
     flag = f"--{field.name.replace('_', '-')}"
     if isinstance(field.default, bool):
         group.add_argument(flag, action="store_true", help=help_text)
@@ -68,9 +69,8 @@ def _add_setting_flag(group, field) -> None:
     if shown is not None:
         help_text = f"{help_text} [default: {shown}]"
     kind = meta.pop("type", None) or type(field.default)
-    if kind is int:  # ASCII digits, at most MAX_INT: the rule of every integer flag but the seed,
-        # whose whole range, [0, 2**32) as NumPy's, the config checks and names
-        kind = functools.partial(integer, maximum=None) if field.name == "seed" else integer
+    if kind is int:  # ASCII digits, at most MAX_INT, but for a setting whose whole range the config checks
+        kind = functools.partial(integer, maximum=None) if own_range else integer
     elif kind is str and "choices" not in meta:
         kind = path  # a file: not empty
     group.add_argument(flag, type=kind, default=field.default, help=help_text, **meta)
