@@ -185,6 +185,9 @@ class _NumberWords:
         return self._compose(n)
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
     """The file's bytes, gunzipped for `.gz` or data that starts as gzip's does (no text
     does: `1f 8b` is not UTF-8); every read problem as a `CorpusError`.
@@ -209,9 +212,6 @@ def _read_bytes(path: pathlib.Path, streams: bool = False) -> bytes:
     return data
 
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
 def read_stream(stream, name, text: bool = True) -> bytes:
     """All of a binary stream (a pipe, a device, standard input), read in chunks. For
     `text`, a NUL byte, which no text holds, stops it with a `CorpusError` (binary data,
@@ -219,7 +219,8 @@ def read_stream(stream, name, text: bool = True) -> bytes:
     stream starts as gzip data does (checked as text once decompressed)."""
     chunks, lines = [], 0
     while chunk := stream.read(1 << 20):
-        text = text and not (not chunks and chunk.startswith(_GZIP_MAGIC))
+        if not chunks and chunk.startswith(_GZIP_MAGIC):
+            text = False  # gzip data holds NUL bytes
         if text:
             _refuse_nul(chunk, name, lines)
         chunks.append(chunk)
